@@ -1,0 +1,182 @@
+"""Model loading: the only place blockscope touches the Hugging Face hub.
+
+`load_model` accepts a hub id (default `gpt2`) or a local checkpoint directory and returns
+a `TransformerBridge` booted on raw weights (no layer-norm folding), in eval mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from blockscope.errors import BlockscopeError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the user asked for, resolved; recorded in every JSON sidecar."""
+
+    name: str  # as given on the command line: hub id or directory
+    source: str  # hub id after alias resolution, or the directory's absolute path
+    is_local: bool  # a local checkpoint directory rather than a hub id
+    device: str  # torch device string actually used
+    dtype: str  # key of DTYPES
+    processed: bool  # TransformerLens compatibility mode (folded norms, centred weights)
+
+    @property
+    def slug(self) -> str:
+        """A filename-safe short name: the directory's name, or the hub id with / as --."""
+        base = Path(self.source).name if self.is_local else self.source.replace("/", "--")
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", base) or "model"
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda if present else cpu; refuse a device this machine does not have."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise BlockscopeError(f"unknown --device {device!r} (try auto, cpu, cuda, cuda:1, mps)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BlockscopeError(f"--device {device}: no CUDA device is available here")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise BlockscopeError(
+                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise BlockscopeError(f"--device {device}: MPS is not available here")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise BlockscopeError(f"--device {device}: unsupported device type {dev.type!r}")
+    return str(dev)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise BlockscopeError(f"unknown --dtype {dtype!r} (choose {', '.join(DTYPES)})")
+
+
+def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
+    if not path.is_dir():
+        raise BlockscopeError(f"--model {path}: not a directory holding an HF checkpoint")
+    if not (path / "config.json").is_file():
+        raise BlockscopeError(f"--model {path}: no config.json, so not an HF checkpoint")
+    if not any(path.glob("*.safetensors")):
+        if any(path.glob("*.bin")) and not allow_pickle:
+            raise BlockscopeError(
+                f"--model {path}: only pickle (.bin) weights, which can run code when loaded; "
+                "convert them to safetensors or pass --allow-pickle if you trust the source"
+            )
+        if not any(path.glob("*.bin")):
+            raise BlockscopeError(f"--model {path}: no weights (*.safetensors) in the directory")
+
+
+def spec_for(
+    name: str, *, device: str = "auto", dtype: str = "float32", processed: bool = False
+) -> ModelSpec:
+    """Resolve names without loading anything: fails fast on a bad device or dtype."""
+    resolve_dtype(dtype)
+    dev = resolve_device(device)
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")) or name.endswith("/"):
+        return ModelSpec(name, str(path.resolve()), True, dev, dtype, processed)
+    from transformer_lens.tools.model_registry.registry_io import resolve_model_alias
+
+    return ModelSpec(name, resolve_model_alias(name) or name, False, dev, dtype, processed)
+
+
+def _hub_reachable() -> bool:
+    """False when offline mode is on or the hub's host does not even resolve (fails fast,
+    instead of huggingface_hub's half-minute of retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
+    except OSError:
+        return False
+    return True
+
+
+def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
+    """(HF model, tokenizer): from the directory or the local cache first, else the hub."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = dict(
+        dtype=resolve_dtype(spec.dtype),
+        use_safetensors=None if allow_pickle else True,
+        trust_remote_code=False,
+        attn_implementation="eager",  # hooks on scores and patterns need eager attention
+    )
+    try:
+        return (
+            AutoModelForCausalLM.from_pretrained(spec.source, local_files_only=True, **kwargs),
+            AutoTokenizer.from_pretrained(spec.source, local_files_only=True),
+        )
+    except OSError as exc:
+        if spec.is_local:
+            raise BlockscopeError(f"cannot read the checkpoint in {spec.source}: {_first(exc)}")
+    if not _hub_reachable():
+        raise BlockscopeError(
+            f"cannot load model {spec.name!r}: it is not in the local Hugging Face cache and "
+            "the hub is unreachable (or offline mode is on); run once where the hub is "
+            "reachable, or point --model at a local checkpoint directory "
+            "(config.json, *.safetensors, tokenizer files)"
+        )
+    try:
+        return (
+            AutoModelForCausalLM.from_pretrained(spec.source, **kwargs),
+            AutoTokenizer.from_pretrained(spec.source),
+        )
+    except OSError as exc:
+        raise BlockscopeError(f"cannot load model {spec.name!r} from the hub: {_first(exc)}")
+
+
+def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
+    """Load `spec` as a TransformerBridge (eval mode; safetensors only unless allowed)."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    for name in ("transformer_lens", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if spec.is_local:
+        _check_local_checkpoint(Path(spec.source), allow_pickle)
+    try:
+        hf_model, tokenizer = _from_pretrained(spec, allow_pickle)
+        hf_model.to(spec.device).eval()
+        model = TransformerBridge.boot_transformers(
+            spec.source,
+            hf_model=hf_model,
+            tokenizer=tokenizer,
+            device=spec.device,
+            dtype=resolve_dtype(spec.dtype),
+        )
+    except BlockscopeError:
+        raise
+    except Exception as exc:  # safetensors, config and tokenizer errors have no common base
+        where = f"the checkpoint in {spec.source}" if spec.is_local else f"model {spec.name!r}"
+        raise BlockscopeError(f"cannot load {where}: {type(exc).__name__}: {_first(exc)}")
+    if spec.processed:
+        model.enable_compatibility_mode()
+    model.eval()
+    return model
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny GPT-2 checkpoints with the real vocabulary, built offline."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports huggingface_hub
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from blockscope.loading import load_model, spec_for  # noqa: E402
+from blockscope.toy import save_gpt2_checkpoint  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ALICE = REPO / "data" / "alice.txt"
+# Small but not trivial: 3 blocks, sharp random weights so every block changes the loss,
+# and a 128-token context so the Alice passage needs several sliding windows.
+TINY = dict(n_layer=3, n_embd=64, n_head=4, n_positions=128, initializer_range=0.2)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_gpt2_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-gpt2", **TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
+    """The tiny checkpoint through blockscope's own loader (a TransformerBridge)."""
+    return load_model(spec_for(str(tiny_dir), device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def hf(tiny_dir):
+    """The same checkpoint as a plain HF model: the independent reference."""
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(tiny_dir, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="session")
+def alice_text() -> str:
+    return ALICE.read_text(encoding="utf-8")

@@ -1,0 +1,78 @@
+import shutil
+
+import pytest
+import torch
+
+from blockscope.errors import BlockscopeError
+from blockscope.loading import load_model, resolve_device, spec_for
+
+
+def test_loads_local_checkpoint_raw_eval_fp32(tiny, tiny_dir):
+    assert tiny.cfg.n_layers == 3 and tiny.cfg.d_model == 64 and tiny.cfg.n_heads == 4
+    assert not tiny.training
+    assert next(tiny.parameters()).dtype == torch.float32
+    spec = spec_for(str(tiny_dir))
+    assert spec.is_local and spec.slug == "tiny-gpt2" and spec.device == "cpu"
+
+
+def test_hub_id_spec_is_not_local():
+    spec = spec_for("openai-community/gpt2", device="cpu")
+    assert not spec.is_local and spec.slug == "openai-community--gpt2"
+
+
+def pickle_only_copy(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    d = tmp_path / "pickled"
+    shutil.copytree(tiny_dir, d)
+    state = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    torch.save(state, d / "pytorch_model.bin")
+    return d
+
+
+def test_pickle_weights_refused_unless_allowed(tiny_dir, tmp_path, hf):
+    d = pickle_only_copy(tiny_dir, tmp_path)
+    with pytest.raises(BlockscopeError, match="--allow-pickle"):
+        load_model(spec_for(str(d), device="cpu"))
+    model = load_model(spec_for(str(d), device="cpu"), allow_pickle=True)
+    ids = torch.tensor([[50256, 464, 3139, 286, 4881, 318]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), hf(ids).logits, atol=1e-4)
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(BlockscopeError, match="config.json"):
+        load_model(spec_for(str(tmp_path), device="cpu"))
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(BlockscopeError, match="not a directory"):
+        load_model(spec_for(str(f), device="cpu"))
+
+
+def test_truncated_weights(tiny_dir, tmp_path):
+    d = tmp_path / "truncated"
+    shutil.copytree(tiny_dir, d)
+    weights = d / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(BlockscopeError, match="cannot (read|load) the checkpoint"):
+        load_model(spec_for(str(d), device="cpu"))
+
+
+def test_unknown_model_offline_names_it_and_the_way_out():
+    with pytest.raises(BlockscopeError, match="no-such-org/no-such-model.*--model"):
+        load_model(spec_for("no-such-org/no-such-model", device="cpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device, message", [("cuda", "no CUDA"), ("cuda:3", "no CUDA"),
+                                             ("tpu9", "unknown --device")])
+def test_devices_this_machine_lacks(device, message):
+    with pytest.raises(BlockscopeError, match=message):
+        resolve_device(device)
+
+
+def test_auto_device_and_dtypes():
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(BlockscopeError, match="dtype"):
+        spec_for("gpt2", dtype="float8")
