@@ -1,0 +1,93 @@
+"""Text in, tokens out: read and validate a passage, tokenize it, cut it into windows."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from blockscope.errors import BlockscopeError
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A validated text file."""
+
+    path: Path  # as given
+    text: str  # decoded UTF-8 content
+    sha256: str  # of the file's bytes, recorded in the sidecar
+
+
+@dataclass(frozen=True)
+class Window:
+    """One forward pass of a strided sliding window (HF's perplexity guide)."""
+
+    begin: int  # first token fed to the model
+    end: int  # one past the last token fed
+    first_target: int  # tokens first_target..end-1 are scored here, each exactly once overall
+
+
+def read_passage(path: str | Path) -> Passage:
+    """Read a UTF-8 text file, refusing missing, empty, binary or non-UTF-8 files."""
+    p = Path(path)
+    if not p.exists():
+        raise BlockscopeError(f"--text {p}: no such file")
+    if not p.is_file():
+        raise BlockscopeError(f"--text {p}: not a regular file")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise BlockscopeError(f"--text {p}: cannot read it ({exc.strerror})")
+    if b"\x00" in raw:
+        raise BlockscopeError(f"--text {p}: looks binary (it contains NUL bytes), not text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BlockscopeError(f"--text {p}: not valid UTF-8 (byte {exc.start})")
+    if not text.strip():
+        raise BlockscopeError(f"--text {p}: the file is empty")
+    return Passage(p, text, hashlib.sha256(raw).hexdigest())
+
+
+def tokenize(
+    tokenizer, text: str, *, prepend_bos: bool, max_tokens: int | None = None
+) -> torch.Tensor:
+    """Token ids `(1, pos)`: the text's first `max_tokens` tokens, after BOS if asked.
+
+    `max_tokens` counts the text's own tokens, never BOS.
+    """
+    if max_tokens is not None and max_tokens < 2:
+        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    if prepend_bos:
+        if tokenizer.bos_token_id is None:
+            raise BlockscopeError("the tokenizer has no BOS token; use --no-prepend-bos")
+        ids = [tokenizer.bos_token_id, *ids]
+    if len(ids) < 2:
+        raise BlockscopeError("the text gives fewer than 2 tokens: nothing to predict")
+    return torch.tensor([ids], dtype=torch.long)  # (1, pos)
+
+
+def windows(n_tokens: int, n_ctx: int, stride: int) -> list[Window]:
+    """Strided sliding windows of at most `n_ctx` tokens that score tokens 1..n-1 once each.
+
+    Every window after the first starts `stride` tokens later and scores only the tokens
+    the previous window did not, so each scored token sees up to `n_ctx - stride` tokens of
+    context that were scored before (the method of HF's perplexity guide).
+    """
+    if not 1 <= stride < n_ctx:
+        # stride == n_ctx would leave each window's first token unscored (no context)
+        raise BlockscopeError(f"--stride must be between 1 and {n_ctx - 1} (context {n_ctx})")
+    out: list[Window] = []
+    prev_end = 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + n_ctx, n_tokens)
+        out.append(Window(begin, end, max(prev_end, begin + 1)))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return out
