@@ -1,0 +1,99 @@
+"""Score a passage under interventions: the generic sweep every experiment runs on.
+
+`sweep(model, tokens, variants)` scores the clean model and each variant (a label plus a hook
+list) over the same sliding windows and returns one DataFrame row per variant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from blockscope.interventions import Hook, applied
+from blockscope.text import Window, windows
+
+Progress = Callable[[], None]
+
+
+@dataclass
+class Variant:
+    """One intervention to score."""
+
+    label: dict  # columns this variant contributes to its row (e.g. {"layer": 3})
+    hooks: list[Hook] = field(default_factory=list)  # TransformerLens fwd hooks
+
+
+def model_windows(model, tokens: torch.Tensor, stride: int | None) -> list[Window]:
+    """Windows of the model's context length; default stride half of it."""
+    n_ctx = model.cfg.n_ctx
+    return windows(tokens.shape[-1], n_ctx, stride or max(1, n_ctx // 2))
+
+
+def token_nll(model, tokens: torch.Tensor, wins: Sequence[Window]) -> torch.Tensor:
+    """Next-token negative log-likelihood of tokens 1..n-1, in order, `(n-1,)` float64."""
+    device = model.cfg.device
+    out = []
+    with torch.inference_mode():
+        for w in wins:
+            chunk = tokens[:, w.begin : w.end].to(device)  # (1, pos)
+            logits = model(chunk, return_type="logits")  # (1, pos, d_vocab)
+            lo = w.first_target - w.begin  # first scored position within the window
+            logp = logits[0, lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
+            out.append(-logp.gather(-1, chunk[0, lo:, None])[:, 0])
+    return torch.cat(out).double().cpu()
+
+
+def clean_means(
+    model, tokens: torch.Tensor, wins: Sequence[Window], hook_names: Iterable[str]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clean NLL and each hook's activation averaged over every position of every window."""
+    sums: dict[str, torch.Tensor] = {}
+
+    def accumulator(name: str) -> Callable:
+        def accumulate(act: torch.Tensor, hook=None) -> None:  # act: (1, pos, d)
+            total = act.detach().double().sum(dim=(0, 1))
+            sums[name] = sums[name] + total if name in sums else total
+
+        return accumulate
+
+    with applied(model, [(name, accumulator(name)) for name in sorted(set(hook_names))]):
+        nll = token_nll(model, tokens, wins)
+    count = sum(w.end - w.begin for w in wins)
+    return nll, {name: (s / count).float() for name, s in sums.items()}
+
+
+def perplexity_row(nll: torch.Tensor) -> dict:
+    mean = float(nll.mean())
+    return {"n_scored": int(nll.numel()), "nll": mean, "perplexity": math.exp(mean)}
+
+
+def sweep(
+    model,
+    tokens: torch.Tensor,
+    variants: Sequence[Variant],
+    *,
+    wins: Sequence[Window],
+    baseline_nll: torch.Tensor | None = None,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """Score the clean model, then each variant; add change and ratio vs the clean run."""
+    if baseline_nll is None:
+        baseline_nll = token_nll(model, tokens, wins)
+    rows = [{"variant": "baseline", **perplexity_row(baseline_nll)}]
+    if progress:
+        progress()
+    for v in variants:
+        with applied(model, v.hooks):
+            nll = token_nll(model, tokens, wins)
+        rows.append({"variant": "ablated", **v.label, **perplexity_row(nll)})
+        if progress:
+            progress()
+    df = pd.DataFrame(rows)
+    base = df.loc[0, "perplexity"]
+    df["delta"] = df["perplexity"] - base
+    df["ratio"] = df["perplexity"] / base
+    return df
