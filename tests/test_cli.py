@@ -1,0 +1,146 @@
+"""The command line end to end, with Typer's CliRunner, on the tiny checkpoint."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from blockscope.cli import app
+
+from .conftest import ALICE
+
+ABLATE_COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
+                  "ratio"]
+SIDECAR_KEYS = {"command", "model", "text", "n_tokens", "n_scored", "prepend_bos", "dtype",
+                "device", "part", "method", "window", "versions", "date", "wall_time_s"}
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(app, [str(a) for a in args])
+
+    return invoke
+
+
+def test_ablate_prints_table_and_writes_csv_and_json(run, tiny_dir, tmp_path):
+    res = run("ablate", "--text", ALICE, "--model", tiny_dir, "--max-tokens", 100,
+              "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "baseline" in res.stdout and "perplexity" in res.stdout
+    csv = tmp_path / "ablate-tiny-gpt2-alice.csv"
+    df = pd.read_csv(csv)
+    assert list(df.columns) == ABLATE_COLUMNS
+    assert list(df["variant"]) == ["baseline", "ablated", "ablated", "ablated"]
+    assert (df["n_scored"] == 100).all()  # BOS + 100 tokens: every text token predicted
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    assert SIDECAR_KEYS <= meta.keys()
+    assert meta["n_tokens"] == 100 and meta["prepend_bos"] is True
+    assert meta["text"]["sha256"] and meta["model"]["local"] is True
+    assert {"torch", "transformer-lens", "transformers", "blockscope"} <= meta["versions"].keys()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [csv.name, csv.with_suffix(".json").name]
+
+
+def test_quiet_prints_only_the_csv_path(run, tiny_dir, tmp_path):
+    res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 20, "--part", "mlp",
+              "--method", "mean", "--no-prepend-bos", "--out-dir", tmp_path, "--quiet")
+    assert res.exit_code == 0, res.output
+    path = tmp_path / "ablate-tiny-gpt2-alice-mlp-mean.csv"
+    assert res.stdout.strip() == str(path)
+    df = pd.read_csv(path)
+    assert (df["n_scored"] == 19).all() and set(df["part"][1:]) == {"mlp"}
+
+
+def test_version_and_help(run):
+    assert run("--version").stdout.startswith("blockscope ")
+    res = run("ablate", "--help")
+    assert res.exit_code == 0 and "--prepend-bos" in res.stdout
+
+
+def bad_inputs(tmp_path, tiny_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\x00\x01\x02abc")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café au lait".encode("latin-1"))
+    notckpt = tmp_path / "notckpt"
+    notckpt.mkdir()
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    for f in tiny_dir.iterdir():
+        data = f.read_bytes()
+        (truncated / f.name).write_bytes(data[: len(data) // 3] if f.suffix == ".safetensors"
+                                         else data)
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    ok = ["--model", tiny_dir]
+    return {
+        "missing text": ["--text", tmp_path / "nope.txt", *ok],
+        "empty text": ["--text", empty, *ok],
+        "binary text": ["--text", binary, *ok],
+        "non-UTF-8 text": ["--text", latin, *ok],
+        "max-tokens 1": ["--text", ALICE, "--max-tokens", 1, *ok],
+        "not a checkpoint": ["--text", ALICE, "--model", notckpt],
+        "truncated weights": ["--text", ALICE, "--model", truncated],
+        "unknown model offline": ["--text", ALICE, "--model", "no-such-org/no-such-model"],
+        "missing device": ["--text", ALICE, "--device", "cuda:7", *ok],
+        "unwritable out-dir": ["--text", ALICE, *ok, "--out-dir", blocker / "sub"],
+        "stride too long": ["--text", ALICE, *ok, "--stride", 500],
+    }
+
+
+CASES = ["missing text", "empty text", "binary text", "non-UTF-8 text", "max-tokens 1",
+         "not a checkpoint", "truncated weights", "unknown model offline", "missing device",
+         "unwritable out-dir", "stride too long"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_one_line_no_traceback_nothing_written(run, tiny_dir, tmp_path, case):
+    args = bad_inputs(tmp_path, tiny_dir)[case]
+    out_dir = tmp_path / "results"
+    if "--out-dir" not in args:
+        args += ["--out-dir", out_dir]
+    res = run("ablate", *args)
+    assert res.exit_code == 1, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    assert not out_dir.exists()
+
+
+def test_ctrl_c_during_sweep_writes_nothing(run, tiny_dir, tmp_path, monkeypatch):
+    import blockscope.ablate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(blockscope.ablate, "block_ablation", interrupted)
+    res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--out-dir", tmp_path / "r")
+    assert res.exit_code == 130
+    assert "nothing was written" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_interrupted_write_leaves_no_partial_files(tmp_path, monkeypatch):
+    import os
+
+    from blockscope import results
+
+    calls = []
+    real = os.replace
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_outputs(tmp_path, {"a.csv": pd.DataFrame({"x": [1]}), "a.json": {"k": 1}})
+    # the sidecar landed whole, the CSV (renamed last) not at all, and no temp file remains
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
