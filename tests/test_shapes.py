@@ -1,0 +1,36 @@
+import pytest
+
+from blockscope.errors import BlockscopeError
+from blockscope.loading import load_model, spec_for
+from blockscope.shapes import block_shapes
+from blockscope.text import tokenize
+from blockscope.toy import save_gpt2_checkpoint
+
+PROMPT = "The capital of France is"
+
+
+def test_every_shape_matches_the_config(tiny):
+    ids = tokenize(tiny.tokenizer, PROMPT, prepend_bos=True)
+    for block in range(tiny.cfg.n_layers):
+        df = block_shapes(tiny, ids, block=block)
+        assert df["matches"].all()
+        shapes = dict(zip(df["tensor"], df["shape"], strict=True))
+        assert shapes["residual in"] == "6 x 64" and shapes["q"] == "6 x 4 x 16"
+        assert shapes["attention pattern"] == "4 x 6 x 6" and shapes["MLP out"] == "6 x 64"
+        assert shapes["MLP hidden, after activation"] == "6 x 256"
+    with pytest.raises(BlockscopeError, match="block"):
+        block_shapes(tiny, ids, block=3)
+
+
+def test_full_size_gpt2_gives_the_articles_shapes(tmp_path):
+    model = load_model(spec_for(str(save_gpt2_checkpoint(tmp_path / "gpt2-random")),
+                                device="cpu"))
+    ids = tokenize(model.tokenizer, PROMPT, prepend_bos=False)
+    assert ids.shape[1] == 5  # one token per word
+    df = block_shapes(model, ids)
+    shapes = dict(zip(df["tensor"], df["shape"], strict=True))
+    assert shapes["residual in"] == "5 x 768" and shapes["residual out"] == "5 x 768"
+    assert shapes["q"] == shapes["k"] == shapes["v"] == shapes["z"] == "5 x 12 x 64"
+    assert shapes["attention scores"] == shapes["attention pattern"] == "12 x 5 x 5"
+    assert shapes["MLP hidden, before activation"] == "5 x 3072"
+    assert df["matches"].all()
