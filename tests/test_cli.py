@@ -144,3 +144,85 @@ def test_interrupted_write_leaves_no_partial_files(tmp_path, monkeypatch):
         results.write_outputs(tmp_path, {"a.csv": pd.DataFrame({"x": [1]}), "a.json": {"k": 1}})
     # the sidecar landed whole, the CSV (renamed last) not at all, and no temp file remains
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def one_error_line(res) -> str:
+    assert res.exit_code == 1, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_resid_norm_variants_are_labelled(run, tiny_dir, tmp_path):
+    res = run("resid-norm", "The capital of France is", "-m", tiny_dir, "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "block 3" in res.stdout and "embeddings" in res.stdout
+    raw = pd.read_csv(tmp_path / "resid-norm-tiny-gpt2.csv")
+    assert list(raw.columns) == ["after", "layer", "hook", "position", "token", "norm",
+                                 "ratio_to_embed"]
+    meta = json.loads((tmp_path / "resid-norm-tiny-gpt2.json").read_text())
+    assert meta["prepend_bos"] is False and meta["model"]["weights"] == "raw"
+    assert meta["tokens"] == [464, 3139, 286, 4881, 318]
+    res = run("resid-norm", "The capital of France is", "-m", tiny_dir, "--processed",
+              "--prepend-bos", "--out-dir", tmp_path, "-q")
+    assert res.exit_code == 0, res.output
+    path = tmp_path / "resid-norm-tiny-gpt2-processed-bos.csv"
+    assert res.stdout.strip() == str(path)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["prepend_bos"] is True and meta["model"]["weights"] == "processed"
+    assert not pd.read_csv(path)["norm"].equals(raw["norm"])
+
+
+def test_resid_norm_reads_text_file_and_all_positions(run, tiny_dir, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The capital of France is")
+    res = run("resid-norm", "--text", prompt, "-m", tiny_dir, "--all-positions",
+              "--out-dir", tmp_path / "r", "-q")
+    assert res.exit_code == 0, res.output
+    assert sorted(set(pd.read_csv(res.stdout.strip())["position"])) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "argument or with --text"),
+    (["hi", "--text", ALICE], "not both"),
+    (["The capital", "--position", "9"], "outside"),
+])
+def test_resid_norm_bad_input(run, tiny_dir, tmp_path, args, message):
+    res = run("resid-norm", *args, "-m", tiny_dir, "--out-dir", tmp_path / "r")
+    assert message in one_error_line(res)
+    assert not (tmp_path / "r").exists()
+
+
+def test_shapes_command(run, tiny_dir, tmp_path):
+    res = run("shapes", "The capital of France is", "-m", tiny_dir, "--block", 2,
+              "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "shapes-tiny-gpt2-block2.csv")
+    assert df["matches"].all() and df.loc[0, "shape"] == "5 x 64"
+    assert "block 3" not in one_error_line(run("shapes", "Hi there", "-m", tiny_dir,
+                                               "--block", 3, "--out-dir", tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_params_command(run, tmp_path):
+    res = run("params", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "124,439,808" in res.stdout and "7,087,872" in res.stdout
+    df = pd.read_csv(tmp_path / "params-gpt2.csv")
+    assert df.set_index("component").loc["total", "parameters"] == 124_439_808
+    res = run("params", "-m", "gpt2", "-m", "llama-3.1-8b", "--n-heads", 32, "-q",
+              "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(res.stdout.strip())
+    assert set(df["model"]) == {"gpt2", "llama-3.1-8b"}
+    assert "must divide" in one_error_line(run("params", "--n-heads", 5, "--out-dir", tmp_path))
+
+
+def test_layernorm_command(run, tmp_path):
+    res = run("layernorm", 2, 4, 6, 8, "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "[-1.342, -0.447, 0.447, 1.342]" in res.stdout and "2.236" in res.stdout
+    df = pd.read_csv(tmp_path / "layernorm-2_4_6_8.csv")
+    assert list(df.columns) == ["step", "index", "value"]
+    res = run("layernorm", 1, 2, "--gain", "1,x", "--out-dir", tmp_path / "r")
+    assert "--gain" in one_error_line(res)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -12,9 +13,10 @@ from rich.table import Table
 
 
 def fmt(value, spec: str = ",.2f") -> str:
-    if value is None or (isinstance(value, float) and value != value) or value is pd.NA:
+    """Format a number with `spec` ("s" for as-is); missing values as "-"."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return "-"
-    if isinstance(value, float):
+    if spec != "s" and isinstance(value, numbers.Number) and not isinstance(value, bool):
         return format(value, spec)
     return str(value)
 

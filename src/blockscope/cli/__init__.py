@@ -1,0 +1,12 @@
+"""The `blockscope` command line: one module per group of commands, on one Typer app.
+
+Each command parses, loads, calls a pure experiment, renders and writes; nothing else.
+Heavy imports (torch, TransformerLens) happen inside the commands, so `--help` is instant.
+"""
+
+from blockscope.cli import ablate, probes, tables  # noqa: F401  (registers the commands)
+from blockscope.cli.common import app
+
+
+def main() -> None:
+    app()

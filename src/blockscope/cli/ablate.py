@@ -1,0 +1,144 @@
+"""`blockscope ablate`: perplexity with each block (or half-block) removed."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import (
+    DeviceOpt,
+    Dtype,
+    DtypeOpt,
+    ModelOpt,
+    OutDirOpt,
+    PickleOpt,
+    QuietOpt,
+    TextFileOpt,
+    app,
+    err,
+    handled,
+    load,
+    model_record,
+    out,
+    write,
+)
+from blockscope.errors import BlockscopeError
+
+
+class Part(str, Enum):
+    block = "block"
+    attn = "attn"
+    mlp = "mlp"
+
+
+class Method(str, Enum):
+    zero = "zero"
+    mean = "mean"
+
+
+BosOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Prepend the BOS token (GPT-2's <|endoftext|>, the document separator it was "
+        "trained with), so the first word is predicted too. TransformerLens's default."
+    ),
+]
+MaxTokensOpt = Annotated[
+    int | None, typer.Option(help="Keep only the first N tokens of the text (BOS not counted).")
+]
+StrideOpt = Annotated[
+    int | None,
+    typer.Option(help="Sliding-window stride for text longer than the context (default n_ctx/2)."),
+]
+MethodOpt = Annotated[
+    Method, typer.Option(help="zero: remove it; mean: write its clean mean over positions.")
+]
+
+
+@app.command()
+@handled
+def ablate(
+    text: TextFileOpt = Path("data/alice.txt"),
+    model: ModelOpt = "gpt2",
+    part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block,
+    method: MethodOpt = Method.zero,
+    max_tokens: MaxTokensOpt = None,
+    stride: StrideOpt = None,
+    prepend_bos: BosOpt = True,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    allow_pickle: PickleOpt = False,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Skip each block in turn (its output = its input) and report perplexity on a passage.
+
+    Example: blockscope ablate --text data/alice.txt --max-tokens 469
+    """
+    from blockscope import ablate as experiment
+    from blockscope.loading import spec_for
+    from blockscope.render import progress_bar
+    from blockscope.results import check_out_dir, sidecar
+    from blockscope.text import read_passage, tokenize
+
+    started = time.perf_counter()
+    if max_tokens is not None and max_tokens < 2:
+        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
+    passage = read_passage(text)
+    spec = spec_for(model, device=device, dtype=dtype.value)
+    out_path = check_out_dir(out_dir)
+    lm = load(spec, allow_pickle, quiet)
+    tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", not quiet) as step:
+        df = experiment.block_ablation(
+            lm, tokens, part=part.value, method=method.value, stride=stride, progress=step
+        )
+    n_text = int(tokens.shape[-1]) - int(prepend_bos)
+    if not quiet:
+        out.print(ablation_table(df, f"{spec.name} on {passage.path.name}: {n_text} tokens"
+                                 f"{' + BOS' if prepend_bos else ''}"))
+    suffix = "" if part is Part.block else f"-{part.value}"
+    suffix += "" if method is Method.zero else f"-{method.value}"
+    meta = sidecar(
+        command="ablate",
+        model=model_record(spec),
+        text={"path": str(passage.path), "sha256": passage.sha256},
+        n_tokens=n_text,
+        n_scored=int(df.loc[0, "n_scored"]),
+        prepend_bos=prepend_bos,
+        max_tokens=max_tokens,
+        dtype=spec.dtype,
+        device=spec.device,
+        part=part.value,
+        method=method.value,
+        window={"n_ctx": lm.cfg.n_ctx, "stride": stride or max(1, lm.cfg.n_ctx // 2)},
+        perplexity="exp(mean next-token NLL over every scored token)",
+        wall_time_s=round(time.perf_counter() - started, 3),
+    )
+    write(out_path, f"ablate-{spec.slug}-{passage.path.stem}{suffix}", {"": df}, meta, quiet)
+
+
+def ablation_table(df, title: str):
+    import pandas as pd
+
+    from blockscope.render import table
+
+    ablated = df.iloc[1:]
+    styles = {0: "bold"}
+    if len(ablated):
+        styles[int(ablated["perplexity"].idxmax())] = "bold red"
+        styles[int(ablated["perplexity"].idxmin())] = "green"
+    shown = df.assign(block=[("baseline" if pd.isna(v) else str(v)) for v in df["layer"]])
+    part, method = df.loc[len(df) - 1, "part"], df.loc[len(df) - 1, "method"]
+    return table(
+        shown,
+        {"block": ("block removed", "s"), "perplexity": ("perplexity", ",.2f"),
+         "delta": ("change", "+,.2f"), "ratio": ("ratio", ".3f")},
+        title=f"{title}; part={part}, method={method}",
+        styles=styles,
+        caption="red: the removal that hurts most; green: the mildest. Blocks count from 0.",
+    )

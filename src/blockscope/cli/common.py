@@ -1,0 +1,141 @@
+"""What every command shares: the app, consoles, option types, error handling, output."""
+
+from __future__ import annotations
+
+import functools
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from blockscope.errors import BlockscopeError
+
+app = typer.Typer(
+    help="A lab for looking inside a Transformer block: the measurements of the article "
+    '"Multi-Head Attention and the Transformer Block", rerun on any model.',
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Hub id (e.g. gpt2) or a local checkpoint directory.")
+]
+DeviceOpt = Annotated[str, typer.Option(help="auto (cuda if present, else cpu), cpu, cuda:N.")]
+DtypeOpt = Annotated[Dtype, typer.Option(help="Weights and activations dtype.")]
+PickleOpt = Annotated[
+    bool,
+    typer.Option("--allow-pickle", help="Allow pickle (.bin) weights (they can run code)."),
+]
+OutDirOpt = Annotated[Path, typer.Option(help="Where the CSV, JSON and PNG go.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the CSV's path.")]
+TextFileOpt = Annotated[Path, typer.Option("--text", "-t", help="A UTF-8 text file.")]
+PromptArg = Annotated[
+    str | None, typer.Argument(help="The prompt (or give --text FILE).", show_default=False)
+]
+PromptFileOpt = Annotated[
+    Path | None, typer.Option("--text", "-t", help="Read the prompt from a UTF-8 file.")
+]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from blockscope import __version__
+
+        out.print(f"blockscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print version."),
+    ] = False,
+) -> None:
+    """blockscope: rerun the article's measurements on GPT-2 small or any TransformerLens model."""
+
+
+def handled(fn):
+    """Turn bad input into one line on stderr and a non-zero exit; Ctrl-C writes nothing."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BlockscopeError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            err.print("interrupted: nothing was written", highlight=False)
+            raise typer.Exit(130)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("BLOCKSCOPE_DEBUG"):
+                raise
+            err.print(
+                f"[bold red]internal error:[/] {type(exc).__name__}: {exc} "
+                "(set BLOCKSCOPE_DEBUG=1 for the traceback)",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1)
+
+    return wrapper
+
+
+def load(spec, allow_pickle: bool, quiet: bool):
+    """Load the model, with a spinner on stderr unless quiet."""
+    from blockscope.loading import load_model
+
+    if quiet:
+        return load_model(spec, allow_pickle=allow_pickle)
+    with err.status(f"loading {spec.name} on {spec.device} ({spec.dtype})"):
+        return load_model(spec, allow_pickle=allow_pickle)
+
+
+def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
+    """The prompt from the argument or --text, and how to record where it came from."""
+    from blockscope.text import read_passage
+
+    if (prompt is None) == (text_file is None):
+        raise BlockscopeError("give the prompt as an argument or with --text FILE, not both")
+    if text_file is not None:
+        passage = read_passage(text_file)
+        return passage.text, {"path": str(passage.path), "sha256": passage.sha256}
+    if not prompt.strip():
+        raise BlockscopeError("the prompt is empty")
+    return prompt, {"prompt": prompt}
+
+
+def model_record(spec) -> dict:
+    return {"name": spec.name, "source": spec.source, "local": spec.is_local,
+            "weights": "processed" if spec.processed else "raw"}
+
+
+def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool) -> list[Path]:
+    """Write `{suffix: DataFrame}` as `<stem><suffix>.csv` plus `<stem>.json`; say where."""
+    from blockscope.results import write_outputs
+
+    files = {f"{stem}{suffix}.csv": df for suffix, df in frames.items()}
+    files[f"{stem}.json"] = meta
+    paths = write_outputs(out_dir, files)
+    csvs = [p for p in paths if p.suffix == ".csv"]
+    if quiet:
+        out.print(str(csvs[0]), highlight=False, soft_wrap=True)
+    else:
+        out.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+    return paths

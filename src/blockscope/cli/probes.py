@@ -1,0 +1,140 @@
+"""`blockscope resid-norm` and `blockscope shapes`: one forward pass on a prompt, read by hooks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import (
+    DeviceOpt,
+    Dtype,
+    DtypeOpt,
+    ModelOpt,
+    OutDirOpt,
+    PickleOpt,
+    PromptArg,
+    PromptFileOpt,
+    QuietOpt,
+    app,
+    handled,
+    load,
+    model_record,
+    out,
+    prompt_text,
+    write,
+)
+
+ProbeBosOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Prepend the BOS token. Off by default here: the article's 5-token prompt "
+        '"The capital of France is" has no BOS.'
+    ),
+]
+
+
+def _setup(prompt, text_file, model, device, dtype, processed, out_dir):
+    from blockscope.loading import spec_for
+    from blockscope.results import check_out_dir
+
+    text, source = prompt_text(prompt, text_file)
+    spec = spec_for(model, device=device, dtype=dtype.value, processed=processed)
+    return text, source, spec, check_out_dir(out_dir)
+
+
+def _common_meta(spec, source, tokens, prepend_bos, started) -> dict:
+    return dict(model=model_record(spec), text=source, n_tokens=int(tokens.shape[-1]),
+                tokens=tokens[0].tolist(), prepend_bos=prepend_bos, dtype=spec.dtype,
+                device=spec.device, wall_time_s=round(time.perf_counter() - started, 3))
+
+
+@app.command("resid-norm")
+@handled
+def resid_norm(
+    prompt: PromptArg = None,
+    text: PromptFileOpt = None,
+    model: ModelOpt = "gpt2",
+    position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")] = -1,
+    all_positions: Annotated[bool, typer.Option("--all-positions", help="Every token.")] = False,
+    prepend_bos: ProbeBosOpt = False,
+    processed: Annotated[
+        bool,
+        typer.Option(
+            "--processed/--raw",
+            help="TransformerLens compatibility mode (folded layer norms, centred writing "
+            "weights) or the raw HF weights.",
+        ),
+    ] = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    allow_pickle: PickleOpt = False,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Length of the residual stream after the embeddings and after every half-block.
+
+    Example: blockscope resid-norm "The capital of France is"
+    """
+    from blockscope.render import table
+    from blockscope.resid_norm import resid_norms
+    from blockscope.results import sidecar
+    from blockscope.text import tokenize
+
+    started = time.perf_counter()
+    text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, processed, out_dir)
+    lm = load(spec, allow_pickle, quiet)
+    tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
+    positions = list(range(tokens.shape[-1])) if all_positions else [position]
+    df = resid_norms(lm, tokens, positions=positions)
+    if not quiet:
+        title = (f"{spec.name}, {'processed' if processed else 'raw'} weights, "
+                 f"{'with' if prepend_bos else 'no'} BOS: residual stream norm")
+        out.print(table(df, {"after": ("after", "s"), "position": ("pos", "d"),
+                             "token": ("token", "s"), "norm": ("L2 norm", ",.1f"),
+                             "ratio_to_embed": ("x embeddings", ".1f")}, title=title))
+    meta = sidecar(command="resid-norm", positions=positions,
+                   **_common_meta(spec, source, tokens, prepend_bos, started))
+    stem = f"resid-norm-{spec.slug}{'-processed' if processed else ''}"
+    stem += "-bos" if prepend_bos else ""
+    write(out_path, stem, {"": df}, meta, quiet)
+
+
+@app.command()
+@handled
+def shapes(
+    prompt: PromptArg = None,
+    text: PromptFileOpt = None,
+    model: ModelOpt = "gpt2",
+    block: Annotated[int, typer.Option(help="Which block to trace (0-based).")] = 0,
+    prepend_bos: ProbeBosOpt = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    allow_pickle: PickleOpt = False,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """The shape of every tensor through one block, read from a real forward pass.
+
+    Example: blockscope shapes "The capital of France is" --block 0
+    """
+    from blockscope.render import table
+    from blockscope.results import sidecar
+    from blockscope.shapes import block_shapes
+    from blockscope.text import tokenize
+
+    started = time.perf_counter()
+    text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, False, out_dir)
+    lm = load(spec, allow_pickle, quiet)
+    tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
+    df = block_shapes(lm, tokens, block=block)
+    if not quiet:
+        out.print(table(df, {"tensor": ("tensor", "s"), "shape": ("shape", "s"),
+                             "dims": ("axes", "s"), "note": ("what it is", "s")},
+                        title=f"{spec.name}, block {block}: {tokens.shape[-1]} tokens "
+                        f"(batch of 1 not shown)"))
+    meta = sidecar(command="shapes", block=block,
+                   **_common_meta(spec, source, tokens, prepend_bos, started))
+    write(out_path, f"shapes-{spec.slug}-block{block}", {"": df}, meta, quiet)

@@ -1,0 +1,114 @@
+"""`blockscope params` and `blockscope layernorm`: the article's tables that need no weights."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import OutDirOpt, QuietOpt, app, handled, out, write
+from blockscope.errors import BlockscopeError
+
+
+def _numbers(text: str | None, name: str) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise BlockscopeError(f"--{name} takes numbers separated by commas, not {text!r}")
+
+
+@app.command()
+@handled
+def params(
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model", "-m",
+            help="A preset (gpt2, gpt3-175b, llama-3.1-8b), a config.json, a checkpoint "
+            "directory or a cached hub id. Repeat to compare models.",
+        ),
+    ] = None,
+    n_heads: Annotated[
+        int | None, typer.Option(help="Override the head count (it leaves the count unchanged).")
+    ] = None,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Where the parameters live: embeddings, attention, MLP, norms; per block and in all.
+
+    Counted from the real module shapes of a model built on the meta device (no weights).
+    Example: blockscope params -m gpt2 -m gpt3-175b -m llama-3.1-8b
+    """
+    import pandas as pd
+
+    from blockscope.loading import load_config
+    from blockscope.params import parameter_counts
+    from blockscope.render import table
+    from blockscope.results import check_out_dir, sidecar
+
+    started = time.perf_counter()
+    names = model or ["gpt2"]
+    out_path = check_out_dir(out_dir)
+    frames = []
+    for name in names:
+        df = parameter_counts(load_config(name), n_heads=n_heads)
+        frames.append(df.assign(model=name))
+        if not quiet:
+            out.print(table(df, {"component": ("component", "s"), "scope": ("scope", "s"),
+                                 "parameters": ("parameters", ",d"),
+                                 "share_of_block": ("of block", ".1%"),
+                                 "share_of_model": ("of model", ".2%"),
+                                 "shortcut_error": ("shortcut error", "+.2%")},
+                            title=f"{name}{f' with {n_heads} heads' if n_heads else ''}"))
+    df = pd.concat(frames, ignore_index=True)
+    df = df[["model", *[c for c in df.columns if c != "model"]]]
+    meta = sidecar(command="params", models=names, n_heads=n_heads,
+                   method="named_parameters() of the model built from its config on the meta "
+                   "device; tied parameters counted once",
+                   wall_time_s=round(time.perf_counter() - started, 3))
+    slug = "-".join(Path(n).stem if Path(n).suffix == ".json" else Path(n).name for n in names)
+    stem = f"params-{slug}{f'-{n_heads}heads' if n_heads else ''}"
+    write(out_path, stem, {"": df}, meta, quiet)
+
+
+@app.command()
+@handled
+def layernorm(
+    values: Annotated[list[float], typer.Argument(help="The numbers to normalize (at least 2).")],
+    gain: Annotated[str | None, typer.Option(help="Gain: one number or one per input, "
+                                             "comma-separated.")] = None,
+    bias: Annotated[str | None, typer.Option(help="Bias, like --gain.")] = None,
+    eps: Annotated[float, typer.Option(help="Added to the variance (GPT-2: 1e-5).")] = 1e-5,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Layer normalization worked step by step, checked against torch's layer_norm.
+
+    Example: blockscope layernorm 2 4 6 8   (use -- before negative numbers: -- -1 2 3)
+    """
+    from blockscope.layernorm import layer_norm_steps
+    from blockscope.render import fmt
+    from blockscope.results import check_out_dir, sidecar
+
+    out_path = check_out_dir(out_dir)
+    df = layer_norm_steps(values, gain=_numbers(gain, "gain"), bias=_numbers(bias, "bias"),
+                          eps=eps)
+    if not quiet:
+        from rich.table import Table
+
+        t = Table(title=f"layer norm of {', '.join(fmt(v, 'g') for v in values)} (eps {eps:g})")
+        t.add_column("step")
+        t.add_column("value", justify="right")
+        for step, group in df.groupby("step", sort=False):
+            vals = [fmt(v, ".3f") if step != "max abs difference" else fmt(v, ".1e")
+                    for v in group["value"]]
+            t.add_row(step, ", ".join(vals) if len(vals) == 1 else "[" + ", ".join(vals) + "]")
+        out.print(t)
+    meta = sidecar(command="layernorm", values=values, gain=gain, bias=bias, eps=eps,
+                   variance="population (divide by n)", std="sqrt(variance + eps)")
+    stem = "layernorm-" + "_".join(fmt(v, "g") for v in values)
+    write(out_path, stem[:120], {"": df}, meta, quiet)
