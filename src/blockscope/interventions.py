@@ -53,3 +53,27 @@ def remove_part(layer: int, part: str, value: torch.Tensor | None = None) -> lis
     if part == "block":
         return skip_block(layer, value)
     return [(f"blocks.{layer}.{PART_HOOKS[part]}", replace_with(value))]
+
+
+def mask_heads(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None) -> list[Hook]:
+    """Scale each head's z by `keep` (n_layers, n_heads); a removed head gets `fill` instead.
+
+    z' = keep * z + (1 - keep) * fill[layer] (fill (n_heads, d_head), default zeros), so
+    keep=1 leaves a head alone, keep=0 removes it, and a `keep` that requires grad is
+    Michel et al.'s head mask. Layers whose heads are all kept get no hook (unless `keep`
+    requires grad).
+    """
+    hooks = []
+    for layer in range(keep.shape[0]):
+        if not keep.requires_grad and bool((keep[layer] == 1).all()):
+            continue
+
+        def hook(z: torch.Tensor, hook=None, layer=layer) -> torch.Tensor:
+            k = keep[layer].to(z.dtype)[:, None]  # (n_heads, 1), broadcast over d_head
+            out = z * k  # z: (batch, pos, n_heads, d_head)
+            if fill is not None and layer in fill:
+                out = out + (1 - k) * fill[layer].to(z.dtype)
+            return out
+
+        hooks.append((f"blocks.{layer}.attn.hook_z", hook))
+    return hooks

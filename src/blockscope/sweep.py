@@ -33,18 +33,19 @@ def model_windows(model, tokens: torch.Tensor, stride: int | None) -> list[Windo
     return windows(tokens.shape[-1], n_ctx, stride or max(1, n_ctx // 2))
 
 
+def window_nll(model, tokens: torch.Tensor, w: Window) -> torch.Tensor:
+    """NLL of the tokens window `w` scores, `(n_scored,)` float32; differentiable."""
+    chunk = tokens[:, w.begin : w.end].to(model.cfg.device)  # (1, pos)
+    logits = model(chunk, return_type="logits")  # (1, pos, d_vocab)
+    lo = w.first_target - w.begin  # first scored position within the window
+    logp = logits[0, lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
+    return -logp.gather(-1, chunk[0, lo:, None])[:, 0]
+
+
 def token_nll(model, tokens: torch.Tensor, wins: Sequence[Window]) -> torch.Tensor:
     """Next-token negative log-likelihood of tokens 1..n-1, in order, `(n-1,)` float64."""
-    device = model.cfg.device
-    out = []
     with torch.inference_mode():
-        for w in wins:
-            chunk = tokens[:, w.begin : w.end].to(device)  # (1, pos)
-            logits = model(chunk, return_type="logits")  # (1, pos, d_vocab)
-            lo = w.first_target - w.begin  # first scored position within the window
-            logp = logits[0, lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
-            out.append(-logp.gather(-1, chunk[0, lo:, None])[:, 0])
-    return torch.cat(out).double().cpu()
+        return torch.cat([window_nll(model, tokens, w) for w in wins]).double().cpu()
 
 
 def clean_means(
