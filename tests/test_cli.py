@@ -226,3 +226,36 @@ def test_layernorm_command(run, tmp_path):
     assert list(df.columns) == ["step", "index", "value"]
     res = run("layernorm", 1, 2, "--gain", "1,x", "--out-dir", tmp_path / "r")
     assert "--gain" in one_error_line(res)
+
+
+def test_prune_heads_writes_heads_curve_and_sidecar(run, tiny_dir, tmp_path):
+    res = run("prune-heads", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 40, "--step", 0.5,
+              "--order", "gradient", "--order", "random", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "heads (" in res.stdout and "pruning curve, random order" in res.stdout
+    per_head = pd.read_csv(tmp_path / "prune-heads-tiny-gpt2-alice.csv")
+    assert list(per_head.columns) == ["layer", "head", "method", "ablation_perplexity", "delta",
+                                      "ratio", "gradient_importance", "normalized_importance",
+                                      "rank"]
+    assert len(per_head) == 12 and sorted(per_head["rank"]) == list(range(1, 13))
+    curve = pd.read_csv(tmp_path / "prune-heads-tiny-gpt2-alice-curve.csv")
+    assert set(curve["order"]) == {"gradient", "random"}
+    assert {"step", "heads_removed", "share_removed", "perplexity", "delta"} <= set(curve.columns)
+    one = pd.read_csv(tmp_path / "prune-heads-tiny-gpt2-alice-one-head.csv")
+    assert len(one) == 4
+    meta = json.loads((tmp_path / "prune-heads-tiny-gpt2-alice.json").read_text())
+    assert meta["tolerance"] == 0.05 and set(meta["headline"]) == {"gradient", "random"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "3"], "--layers"),
+    (["--heads", "0,4"], "--heads"),
+    (["--layers", "a"], "--layers"),
+    (["--order", "ablation", "--heads", "1"], "drop --layers/--heads"),
+    (["--step", "2.5"], "--step"),
+])
+def test_prune_heads_bad_filters(run, tiny_dir, tmp_path, args, message):
+    res = run("prune-heads", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 10, *args,
+              "--out-dir", tmp_path / "r")
+    assert message in one_error_line(res)
+    assert not (tmp_path / "r").exists()

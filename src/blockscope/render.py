@@ -53,3 +53,28 @@ def progress_bar(
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(description, total=total)
         yield lambda: progress.advance(task)
+
+
+def heat_grid(values, *, title: str, row_label: str = "layer", spec: str = "+.1%") -> Table:
+    """A layers x heads grid: each cell formatted with `spec` and shaded by its size."""
+    import torch
+
+    v = torch.as_tensor(values, dtype=torch.float64)  # (n_rows, n_cols), NaN = not measured
+    finite = v[torch.isfinite(v)]
+    top = float(finite.abs().max()) if finite.numel() else 0.0
+    t = Table(title=title, caption="darker red: removing the head hurts more; blue: it helps")
+    t.add_column(row_label, justify="right")
+    for col in range(v.shape[1]):
+        t.add_column(str(col), justify="right")
+    for row in range(v.shape[0]):
+        cells = []
+        for x in v[row].tolist():
+            if x != x:
+                cells.append("-")
+                continue
+            level = 0 if top == 0 else min(4, int(5 * abs(x) / top))
+            colour = ("grey50", "yellow", "orange1", "red", "bold red")[level] if x >= 0 else (
+                "blue")
+            cells.append(f"[{colour}]{format(x, spec)}[/]")
+        t.add_row(str(row), *cells)
+    return t

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from enum import Enum
@@ -97,13 +98,16 @@ def handled(fn):
     return wrapper
 
 
+def status(message: str, quiet: bool):
+    """A spinner on stderr while the body runs; nothing when quiet."""
+    return contextlib.nullcontext() if quiet else err.status(message)
+
+
 def load(spec, allow_pickle: bool, quiet: bool):
     """Load the model, with a spinner on stderr unless quiet."""
     from blockscope.loading import load_model
 
-    if quiet:
-        return load_model(spec, allow_pickle=allow_pickle)
-    with err.status(f"loading {spec.name} on {spec.device} ({spec.dtype})"):
+    with status(f"loading {spec.name} on {spec.device} ({spec.dtype})", quiet):
         return load_model(spec, allow_pickle=allow_pickle)
 
 

@@ -1,0 +1,183 @@
+"""`blockscope prune-heads`: which heads matter, and how many can go."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.ablate import BosOpt, MaxTokensOpt, Method, MethodOpt, StrideOpt
+from blockscope.cli.common import (
+    DeviceOpt,
+    Dtype,
+    DtypeOpt,
+    ModelOpt,
+    OutDirOpt,
+    PickleOpt,
+    QuietOpt,
+    TextFileOpt,
+    app,
+    err,
+    handled,
+    load,
+    model_record,
+    out,
+    status,
+    write,
+)
+from blockscope.errors import BlockscopeError
+
+
+class Order(str, Enum):
+    gradient = "gradient"
+    ablation = "ablation"
+    random = "random"
+
+
+def _indices(text: str | None, what: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise BlockscopeError(f"--{what} takes whole numbers separated by commas, not {text!r}")
+
+
+@app.command("prune-heads")
+@handled
+def prune_heads(
+    text: TextFileOpt = Path("data/alice.txt"),
+    model: ModelOpt = "gpt2",
+    method: MethodOpt = Method.zero,
+    order: Annotated[
+        list[Order] | None,
+        typer.Option(help="Pruning order; repeat for several curves. Default: gradient."),
+    ] = None,
+    step: Annotated[
+        float, typer.Option(help="Heads removed per step: a fraction of those left, or a count.")
+    ] = 0.1,
+    tolerance: Annotated[
+        float, typer.Option(help="Perplexity allowed above the baseline, as a fraction.")
+    ] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the random order.")] = 0,
+    layers: Annotated[str | None, typer.Option(help="Single-head sweep only these layers, "
+                                               "e.g. 0,5,11.")] = None,
+    heads: Annotated[str | None, typer.Option(help="Single-head sweep only these heads.")] = None,
+    max_tokens: MaxTokensOpt = None,
+    stride: StrideOpt = None,
+    prepend_bos: BosOpt = True,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    allow_pickle: PickleOpt = False,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Which heads matter, and how many can go with perplexity within a tolerance.
+
+    Single-head ablation, Michel et al.'s gradient importance, a pruning curve and one head
+    per layer. Example: blockscope prune-heads --text data/alice.txt --max-tokens 469
+    """
+    from blockscope import heads as experiment
+    from blockscope.loading import spec_for
+    from blockscope.render import progress_bar
+    from blockscope.results import check_out_dir, sidecar
+    from blockscope.text import read_passage, tokenize
+
+    started = time.perf_counter()
+    orders = [o.value for o in (order or [Order.gradient])]
+    layer_ids, head_ids = _indices(layers, "layers"), _indices(heads, "heads")
+    if "ablation" in orders and (layer_ids or head_ids):
+        raise BlockscopeError("--order ablation ranks every head: drop --layers/--heads")
+    for o in orders:
+        experiment.check_pruning(o, step)
+    if max_tokens is not None and max_tokens < 2:
+        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
+    passage = read_passage(text)
+    spec = spec_for(model, device=device, dtype=dtype.value)
+    out_path = check_out_dir(out_dir)
+    lm = load(spec, allow_pickle, quiet)
+    cfg = lm.cfg
+    tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
+    kw = dict(method=method.value, stride=stride)
+    with progress_bar(err, n_sweep + 1, "ablating heads one at a time", not quiet) as tick:
+        ablation = experiment.single_head_ablation(lm, tokens, layers=layer_ids,
+                                                   heads=head_ids, progress=tick, **kw)
+    with status("gradient importance: one forward and backward pass", quiet):
+        importance, normalised = experiment.head_importance(lm, tokens, stride=stride)
+    curves = []
+    for o in orders:
+        with progress_bar(err, cfg.n_layers * cfg.n_heads + 1, f"pruning ({o} order)",
+                          not quiet) as tick:
+            curves.append(experiment.pruning_curve(lm, tokens, order=o, step=step, seed=seed,
+                                                   ablation=ablation, progress=tick, **kw))
+    with progress_bar(err, cfg.n_layers + 1, "one head per layer", not quiet) as tick:
+        one = experiment.one_head_per_layer(lm, tokens, importance, progress=tick, **kw)
+    per_head = head_table(ablation, importance, normalised)
+    import pandas as pd
+
+    curve = pd.concat(curves, ignore_index=True)
+    n_total = cfg.n_layers * cfg.n_heads
+    headline = {o: experiment.prunable(c, tolerance) for o, c in zip(orders, curves, strict=True)}
+    sentences = [f"{o} order: {int(r.heads_removed)} of {n_total} heads "
+                 f"({r.share_removed:.0%}) can go with perplexity {r.perplexity:,.2f} within "
+                 f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f}"
+                 for o, r in headline.items()]
+    if not quiet:
+        render(per_head, curves, one, sentences, spec.name, cfg)
+    meta = sidecar(
+        command="prune-heads", model=model_record(spec),
+        text={"path": str(passage.path), "sha256": passage.sha256},
+        n_tokens=int(tokens.shape[-1]) - int(prepend_bos), n_scored=int(curve.loc[0, "n_scored"]),
+        prepend_bos=prepend_bos, max_tokens=max_tokens, dtype=spec.dtype, device=spec.device,
+        method=method.value, orders=orders, step=step, tolerance=tolerance, seed=seed,
+        layers=layer_ids, heads=head_ids,
+        window={"n_ctx": cfg.n_ctx, "stride": stride or max(1, cfg.n_ctx // 2)},
+        importance="|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
+        gradient_order="normalised importance re-computed after every step",
+        one_head_per_layer="kept head = the layer's highest gradient importance",
+        headline={o: {"heads_removed": int(r.heads_removed), "share": float(r.share_removed),
+                      "perplexity": float(r.perplexity)} for o, r in headline.items()},
+        wall_time_s=round(time.perf_counter() - started, 3),
+    )
+    stem = f"prune-heads-{spec.slug}-{passage.path.stem}{'-mean' if method is Method.mean else ''}"
+    write(out_path, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet)
+
+
+def head_table(ablation, importance, normalised):
+    """One row per head: ablation perplexity and change, importance, normalised, rank."""
+    df = ablation.iloc[1:].reset_index(drop=True)
+    df = df.rename(columns={"perplexity": "ablation_perplexity"})
+    layer, head = df["layer"].astype(int), df["head"].astype(int)
+    df["gradient_importance"] = importance[layer, head].numpy()
+    df["normalized_importance"] = normalised[layer, head].numpy()
+    ranks = (-normalised).flatten().argsort(stable=True).argsort() + 1  # 1 = most important
+    df["rank"] = ranks.reshape(normalised.shape)[layer, head].numpy()
+    return df[["layer", "head", "method", "ablation_perplexity", "delta", "ratio",
+               "gradient_importance", "normalized_importance", "rank"]]
+
+
+def render(per_head, curves, one, sentences, name: str, cfg) -> None:
+    import torch
+
+    from blockscope.render import heat_grid, table
+
+    grid = torch.full((cfg.n_layers, cfg.n_heads), float("nan"))
+    for r in per_head.itertuples():
+        grid[r.layer, r.head] = r.ratio - 1
+    out.print(heat_grid(grid, title=f"{name}: perplexity change with one head removed"))
+    for c in curves:
+        out.print(table(c, {"step": ("step", "d"), "heads_removed": ("heads removed", "d"),
+                            "share_removed": ("share", ".0%"), "perplexity": ("perplexity", ",.2f"),
+                            "ratio": ("x baseline", ".3f")},
+                        title=f"pruning curve, {c.loc[0, 'order']} order"))
+    one = one.assign(layer=[("baseline" if v != v or v is None else str(v))
+                            for v in one["layer"].astype(object).fillna(float("nan"))])
+    out.print(table(one, {"layer": ("layer", "s"), "kept_head": ("kept head", "s"),
+                          "perplexity": ("perplexity", ",.2f"), "ratio": ("x baseline", ".3f")},
+                    title="each layer alone down to its most important head"))
+    for s in sentences:
+        out.print(f"[bold]{s}[/]", highlight=False)
