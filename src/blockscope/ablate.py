@@ -12,18 +12,38 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from blockscope.engine import Start, cached_means, clean_pass, engine_sweep
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import PART_HOOKS, remove_part
 from blockscope.sweep import Progress, Variant, clean_means, model_windows, sweep, token_nll
 
 PARTS = ("block", "attn", "mlp")
 METHODS = ("zero", "mean")
+ENGINES = ("cached", "naive")
 
 
 def _mean_hook_names(layer: int, part: str) -> list[str]:
     if part == "block":
         return [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_resid_post"]
     return [f"blocks.{layer}.{PART_HOOKS[part]}"]
+
+
+def _fill(means: dict, layer: int, part: str) -> torch.Tensor | None:
+    """What the removed part writes instead: None (zero) or its clean mean."""
+    if not means:
+        return None
+    value = [means[n] for n in _mean_hook_names(layer, part)]
+    return value[1] - value[0] if part == "block" else value[0]  # block: post - pre
+
+
+def _start(k: int, part: str, fill: torch.Tensor | None, label: dict) -> Start:
+    """Where the engine enters the stack when block k's `part` is removed."""
+    add = (lambda t: t) if fill is None else (lambda t: t + fill.to(t))
+    if part == "block":  # block k's output := its input (+ mean contribution): run k+1..
+        return Start(label, k + 1, lambda c: add(c.pre[k]))
+    if part == "attn":  # block k's mid := its input: run k's MLP half, then k+1..
+        return Start(label, k, lambda c: add(c.pre[k]), mid=True)
+    return Start(label, k + 1, lambda c: add(c.mid[k]))  # mlp: block k's output := its mid
 
 
 def block_ablation(
@@ -34,6 +54,8 @@ def block_ablation(
     method: str = "zero",
     stride: int | None = None,
     layers: Sequence[int] | None = None,
+    engine: str = "cached",
+    batch_size: int | None = None,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Baseline row, then one row per removed layer: perplexity, change and ratio.
@@ -44,30 +66,39 @@ def block_ablation(
         method: "zero" (remove) or "mean" (replace by the clean mean over positions).
         stride: sliding-window stride for text longer than the context (default n_ctx/2).
         layers: which blocks to remove (default all).
+        engine: "cached" (run each variant from the block it changes, batched) or "naive"
+            (one hooked forward per variant: the reference). Same numbers either way.
+        batch_size: variants per batch for the cached engine (default: by memory).
     """
     if part not in PARTS:
         raise BlockscopeError(f"--part must be one of {', '.join(PARTS)}")
     if method not in METHODS:
         raise BlockscopeError(f"--method must be one of {', '.join(METHODS)}")
+    if engine not in ENGINES:
+        raise BlockscopeError(f"--engine must be one of {', '.join(ENGINES)}")
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
     if any(not 0 <= i < n_layers for i in layers):
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
     wins = model_windows(model, tokens, stride)
-    if method == "mean":
-        names = [n for i in layers for n in _mean_hook_names(i, part)]
-        baseline, means = clean_means(model, tokens, wins, names)
+    names = [n for i in layers for n in _mean_hook_names(i, part)] if method == "mean" else []
+    if engine == "cached":
+        # one window: its clean pass gives the means too; several: a pass over all first
+        cleans = [clean_pass(model, tokens, wins[0], keep_z=False)] if len(wins) == 1 else None
+        means = {}
+        if names:
+            means = cached_means(cleans[0]) if cleans else clean_means(model, tokens, wins,
+                                                                        names)[1]
+        starts = [_start(i, part, _fill(means, i, part),
+                         {"layer": i, "part": part, "method": method}) for i in layers]
+        df = engine_sweep(model, tokens, starts, wins=wins, cleans=cleans,
+                          batch_size=batch_size, progress=progress)
     else:
-        baseline, means = token_nll(model, tokens, wins), {}
-    variants = []
-    for i in layers:
-        value = None
-        if method == "mean":
-            value = [means[n] for n in _mean_hook_names(i, part)]
-            value = value[1] - value[0] if part == "block" else value[0]  # block: post - pre
-        label = {"layer": i, "part": part, "method": method}
-        variants.append(Variant(label, remove_part(i, part, value)))
-    df = sweep(model, tokens, variants, wins=wins, baseline_nll=baseline, progress=progress)
+        baseline, means = (clean_means(model, tokens, wins, names) if names
+                           else (token_nll(model, tokens, wins), {}))
+        variants = [Variant({"layer": i, "part": part, "method": method},
+                            remove_part(i, part, _fill(means, i, part))) for i in layers]
+        df = sweep(model, tokens, variants, wins=wins, baseline_nll=baseline, progress=progress)
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"
     return df[["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",

@@ -44,15 +44,22 @@ def table(
 def progress_bar(
     console: Console, total: int, description: str, enabled: bool = True
 ) -> Iterator[Callable[[], None]]:
-    """Yield a callback that advances a Rich progress bar by one step."""
+    """Yield a callback: `cb()` advances the bar by one step, `cb(total=n)` resets its total."""
     if not enabled:
-        yield lambda: None
+        yield lambda total=None: None
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(description, total=total)
-        yield lambda: progress.advance(task)
+
+        def step(total: int | None = None) -> None:
+            if total is None:
+                progress.advance(task)
+            else:
+                progress.update(task, total=total)
+
+        yield step
 
 
 def heat_grid(values, *, title: str, row_label: str = "layer", spec: str = "+.1%") -> Table:

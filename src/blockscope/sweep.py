@@ -16,7 +16,7 @@ import torch
 from blockscope.interventions import Hook, applied
 from blockscope.text import Window, windows
 
-Progress = Callable[[], None]
+Progress = Callable[..., None]  # cb() advances one step; cb(total=n) sets the total
 
 
 @dataclass
@@ -82,6 +82,8 @@ def sweep(
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Score the clean model, then each variant; add change and ratio vs the clean run."""
+    if progress:
+        progress(total=len(variants) + 1)
     if baseline_nll is None:
         baseline_nll = token_nll(model, tokens, wins)
     rows = [{"variant": "baseline", **perplexity_row(baseline_nll)}]

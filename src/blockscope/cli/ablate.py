@@ -54,6 +54,20 @@ StrideOpt = Annotated[
     int | None,
     typer.Option(help="Sliding-window stride for text longer than the context (default n_ctx/2)."),
 ]
+class Engine(str, Enum):
+    cached = "cached"
+    naive = "naive"
+
+
+EngineOpt = Annotated[
+    Engine,
+    typer.Option(help="cached: one clean pass, each variant from the block it changes; "
+                 "naive: one hooked forward per variant (the reference). Same numbers."),
+]
+BatchOpt = Annotated[
+    int | None, typer.Option(min=1, help="Variants per batch (default: 1 on CPU, by memory "
+                             "on GPU).")
+]
 MethodOpt = Annotated[
     Method, typer.Option(help="zero: remove it; mean: write its clean mean over positions.")
 ]
@@ -69,6 +83,8 @@ def ablate(
     max_tokens: MaxTokensOpt = None,
     stride: StrideOpt = None,
     prepend_bos: BosOpt = True,
+    engine: EngineOpt = Engine.cached,
+    batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
@@ -95,7 +111,8 @@ def ablate(
     tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
     with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", not quiet) as step:
         df = experiment.block_ablation(
-            lm, tokens, part=part.value, method=method.value, stride=stride, progress=step
+            lm, tokens, part=part.value, method=method.value, stride=stride,
+            engine=engine.value, batch_size=batch_size, progress=step,
         )
     n_text = int(tokens.shape[-1]) - int(prepend_bos)
     if not quiet:
@@ -115,6 +132,8 @@ def ablate(
         device=spec.device,
         part=part.value,
         method=method.value,
+        engine=engine.value,
+        batch_size=batch_size or "default",
         window={"n_ctx": lm.cfg.n_ctx, "stride": stride or max(1, lm.cfg.n_ctx // 2)},
         perplexity="exp(mean next-token NLL over every scored token)",
         wall_time_s=round(time.perf_counter() - started, 3),

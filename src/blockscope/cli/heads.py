@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from blockscope.cli.ablate import BosOpt, MaxTokensOpt, Method, MethodOpt, StrideOpt
+from blockscope.cli.ablate import (
+    BatchOpt,
+    BosOpt,
+    Engine,
+    EngineOpt,
+    MaxTokensOpt,
+    Method,
+    MethodOpt,
+    StrideOpt,
+)
 from blockscope.cli.common import (
     DeviceOpt,
     Dtype,
@@ -69,6 +78,8 @@ def prune_heads(
     max_tokens: MaxTokensOpt = None,
     stride: StrideOpt = None,
     prepend_bos: BosOpt = True,
+    engine: EngineOpt = Engine.cached,
+    batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
@@ -102,10 +113,10 @@ def prune_heads(
     cfg = lm.cfg
     tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
     n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
-    kw = dict(method=method.value, stride=stride)
+    kw = dict(method=method.value, stride=stride, engine=engine.value)
     with progress_bar(err, n_sweep + 1, "ablating heads one at a time", not quiet) as tick:
-        ablation = experiment.single_head_ablation(lm, tokens, layers=layer_ids,
-                                                   heads=head_ids, progress=tick, **kw)
+        ablation = experiment.single_head_ablation(lm, tokens, layers=layer_ids, heads=head_ids,
+                                                   batch_size=batch_size, progress=tick, **kw)
     with status("gradient importance: one forward and backward pass", quiet):
         importance, normalised = experiment.head_importance(lm, tokens, stride=stride)
     curves = []
@@ -115,7 +126,8 @@ def prune_heads(
             curves.append(experiment.pruning_curve(lm, tokens, order=o, step=step, seed=seed,
                                                    ablation=ablation, progress=tick, **kw))
     with progress_bar(err, cfg.n_layers + 1, "one head per layer", not quiet) as tick:
-        one = experiment.one_head_per_layer(lm, tokens, importance, progress=tick, **kw)
+        one = experiment.one_head_per_layer(lm, tokens, importance, batch_size=batch_size,
+                                            progress=tick, **kw)
     per_head = head_table(ablation, importance, normalised)
     import pandas as pd
 
@@ -133,7 +145,8 @@ def prune_heads(
         text={"path": str(passage.path), "sha256": passage.sha256},
         n_tokens=int(tokens.shape[-1]) - int(prepend_bos), n_scored=int(curve.loc[0, "n_scored"]),
         prepend_bos=prepend_bos, max_tokens=max_tokens, dtype=spec.dtype, device=spec.device,
-        method=method.value, orders=orders, step=step, tolerance=tolerance, seed=seed,
+        method=method.value, engine=engine.value, batch_size=batch_size or "default",
+        orders=orders, step=step, tolerance=tolerance, seed=seed,
         layers=layer_ids, heads=head_ids,
         window={"n_ctx": cfg.n_ctx, "stride": stride or max(1, cfg.n_ctx // 2)},
         importance="|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",

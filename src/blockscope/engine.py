@@ -1,0 +1,238 @@
+"""The sweep engine: one clean pass, then every variant only from the first block it changes.
+
+The clean pass of each window keeps each block's input residual (`hook_resid_pre`), its
+mid-block residual (`hook_resid_mid`), each head's `z`, and the arguments the model hands
+each block (causal mask, positions). A variant then enters the stack where it first differs:
+
+- skipping block k (or its MLP) starts at block k+1 from a cached residual;
+- removing block k's attention starts at block k's MLP half;
+- removing heads of layer L starts at L's MLP half too: the heads' own layer does not
+  recompute queries, keys or values, only subtracts (z_h - fill_h) @ W_O[h] from the cached
+  mid residual;
+- any other intervention (a hook list) runs from a given layer with its hooks on.
+
+Variants that start at the same point with no hooks are stacked into one batch. The blocks
+are the model's own TransformerLens bridge blocks, so hook points inside them still fire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from blockscope.interventions import Hook, applied
+from blockscope.sweep import perplexity_row
+from blockscope.text import Window
+
+# Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
+# attention scores + pattern + softmax scratch (3 n_heads T), MLP hidden x2, q/k/v/z.
+BUDGET_BYTES = 768 * 2**20  # activations of one batch, so GPT-2 small stays under 3 GB RSS
+
+
+@dataclass
+class Clean:
+    """What the clean pass of one window keeps (batch of 1, on the model's device)."""
+
+    window: Window
+    chunk: torch.Tensor  # (1, T) token ids fed
+    replay: list[tuple[tuple, dict]]  # per block: the args the model passed it, cache removed
+    pre: list[torch.Tensor]  # n_layers + 1 of (1, T, d_model); pre[n_layers] enters ln_final
+    mid: list[torch.Tensor]  # n_layers of (1, T, d_model)
+    z: list[torch.Tensor]  # n_layers of (1, T, n_heads, d_head)
+    nll: torch.Tensor  # (n_scored,) clean next-token NLL
+
+
+@dataclass
+class Start:
+    """One variant: the residual it enters the stack with, where, and any hooks."""
+
+    label: dict  # columns of its result row
+    layer: int  # first block to run (n_layers: straight to the unembedding)
+    resid: Callable[[Clean], torch.Tensor]  # (1, T, d_model) residual entering there
+    mid: bool = False  # enter block `layer` after its attention half (run only its MLP half)
+    hooks: list[Hook] = field(default_factory=list)
+
+
+def clean_pass(model, tokens: torch.Tensor, w: Window, keep_z: bool = True) -> Clean:
+    """One hooked forward of window `w`, keeping what the variants start from (z if asked)."""
+    n = model.cfg.n_layers
+    chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
+    pre, mid, z, replay = [None] * (n + 1), [None] * n, [None] * n, [None] * n
+    kept = (("hook_resid_pre", pre), ("hook_resid_mid", mid)) + ((("attn.hook_z", z),)
+                                                                  if keep_z else ())
+
+    def keep(store, i):
+        def hook(act, hook=None):
+            store[i] = act.detach()
+
+        return hook
+
+    hooks = [(f"blocks.{i}.{name}", keep(store, i)) for i in range(n) for name, store in kept]
+    hooks.append(("ln_final.hook_in", keep(pre, n)))
+
+    def record(i):
+        def pre_hook(module, args, kwargs):
+            args = tuple(None if type(a).__name__.endswith("Cache") else a for a in args)
+            replay[i] = (args[1:], {**kwargs, "use_cache": False})
+
+        return pre_hook
+
+    handles = [b.register_forward_pre_hook(record(i), with_kwargs=True)
+               for i, b in enumerate(model.blocks)]
+    try:
+        with torch.inference_mode(), applied(model, hooks):
+            logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
+            nll = _nll(logits[0], chunk, w)
+    finally:
+        for h in handles:
+            h.remove()
+    return Clean(w, chunk, replay, pre, mid, z, nll)
+
+
+def _nll(logits: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
+    lo = w.first_target - w.begin  # logits: (T, d_vocab)
+    logp = logits[lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
+    return -logp.gather(-1, chunk[0, lo:, None])[:, 0]
+
+
+def run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool = False) -> list:
+    """NLL rows for a batch `x` (B, T, d_model) entering block `layer` (after attention if
+    `mid`), through the rest of the stack, the final norm and the unembedding."""
+    blocks = model.blocks
+    if mid:
+        block = blocks[layer]
+        x = x + block.mlp(block.ln2(x))  # the MLP half of block `layer`
+        layer += 1
+    for j in range(layer, len(blocks)):
+        args, kwargs = clean.replay[j]
+        out = blocks[j](x, *args, **kwargs)
+        x = out[0] if isinstance(out, tuple) else out
+    rows = []
+    for b in range(x.shape[0]):  # one element at a time: the logits are T x d_vocab each
+        logits = model.unembed(model.ln_final(x[b : b + 1]))  # (1, T, d_vocab)
+        rows.append(_nll(logits[0], clean.chunk, clean.window).double().cpu())
+    return rows
+
+
+def tune_allocator() -> bool:
+    """Tell glibc's malloc to keep freed memory instead of returning it to the system.
+
+    A sweep allocates and frees the same large activations hundreds of times; by default
+    glibc serves them with mmap and unmaps them on free, so every variant pays page faults
+    for fresh zeroed pages. Equivalent to MALLOC_MMAP_MAX_=0 and a huge
+    MALLOC_TRIM_THRESHOLD_. Returns False where there is no glibc (macOS, Windows, musl).
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def cached_means(clean: Clean) -> dict[str, torch.Tensor]:
+    """The clean means over positions that `sweep.clean_means` hooks for, from one window's
+    cache: the stream before/after each block, each half's output, each head's z."""
+    out = {}
+
+    def mean(t: torch.Tensor) -> torch.Tensor:
+        return t.double().mean(dim=(0, 1)).float()
+
+    for k in range(len(clean.mid)):
+        out[f"blocks.{k}.hook_resid_pre"] = mean(clean.pre[k])
+        out[f"blocks.{k}.hook_resid_post"] = mean(clean.pre[k + 1])
+        out[f"blocks.{k}.hook_attn_out"] = mean(clean.mid[k] - clean.pre[k])
+        out[f"blocks.{k}.hook_mlp_out"] = mean(clean.pre[k + 1] - clean.mid[k])
+        if clean.z[k] is not None:
+            out[f"blocks.{k}.attn.hook_z"] = mean(clean.z[k])
+    return out
+
+
+def default_batch_size(model, n_tokens: int) -> int:
+    """Variants per batch: 1 on the CPU, where stacking variants measured no faster (the
+    matmuls are already large; see benchmarks/); elsewhere as many as keep one batch's
+    activations near BUDGET_BYTES."""
+    cfg = model.cfg
+    if str(getattr(cfg, "device", "cpu")).startswith("cpu"):
+        return 1
+    per_token = 4 * (3 * cfg.n_heads * n_tokens + 2 * cfg.d_mlp + 6 * cfg.d_model)
+    return max(1, min(16, BUDGET_BYTES // max(1, per_token * n_tokens)))
+
+
+def engine_sweep(
+    model,
+    tokens: torch.Tensor,
+    variants: Sequence[Start],
+    *,
+    wins: Sequence[Window],
+    cleans: Sequence[Clean] | None = None,
+    batch_size: int | None = None,
+    progress=None,
+) -> pd.DataFrame:
+    """Baseline row, then one row per variant: the same table `sweep.sweep` gives."""
+    if progress:
+        progress(total=len(variants) * len(wins) + 1)
+    nlls: list[list[torch.Tensor]] = [[] for _ in variants]
+    baseline = []
+    for wi, w in enumerate(wins):
+        clean = cleans[wi] if cleans is not None else clean_pass(model, tokens, w)
+        baseline.append(clean.nll.double().cpu())
+        size = batch_size or default_batch_size(model, w.end - w.begin)
+        for group in _groups(variants, size):
+            with torch.inference_mode():
+                first = variants[group[0]]
+                with applied(model, first.hooks):
+                    x = torch.cat([variants[i].resid(clean) for i in group])  # (B, T, d)
+                    rows = run_from(model, clean, x, first.layer, first.mid)
+            for i, row in zip(group, rows, strict=True):
+                nlls[i].append(row)
+            if progress:
+                for _ in group:
+                    progress()
+    if progress:
+        progress()
+    records = [{"variant": "baseline", **perplexity_row(torch.cat(baseline))}]
+    records += [{"variant": "ablated", **v.label, **perplexity_row(torch.cat(n))}
+                for v, n in zip(variants, nlls, strict=True)]
+    df = pd.DataFrame(records)
+    df["delta"] = df["perplexity"] - df.loc[0, "perplexity"]
+    df["ratio"] = df["perplexity"] / df.loc[0, "perplexity"]
+    return df
+
+
+def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:
+    """Consecutive variants with one entry point and no hooks, in batches of `size`."""
+    groups: list[list[int]] = []
+    for i, v in enumerate(variants):
+        last = variants[groups[-1][0]] if groups else None
+        if (last is not None and not v.hooks and not last.hooks and len(groups[-1]) < size
+                and (v.layer, v.mid) == (last.layer, last.mid)):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def heads_removed(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | None) -> Callable:
+    """Residual after layer `layer`'s attention with heads scaled by `keep` (n_heads,), the
+    removed part replaced by `fill` (n_heads, d_head): mid - sum_h (1-keep_h)(z_h-fill_h) W_O[h]."""
+
+    def resid(clean: Clean) -> torch.Tensor:
+        z = clean.z[layer][0]  # (T, n_heads, d_head)
+        W_O = model.blocks[layer].attn.W_O  # (n_heads, d_head, d_model)
+        gone = (1 - keep).to(z)  # (n_heads,)
+        diff = (fill.to(z) if fill is not None else 0) - z  # (T, n_heads, d_head)
+        delta = torch.einsum("h,thd,hde->te", gone, diff, W_O.to(z))  # (T, d_model)
+        return clean.mid[layer] + delta
+
+    return resid

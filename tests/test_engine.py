@@ -1,0 +1,84 @@
+"""The cached, batched sweep engine gives the naive hooked loop's numbers, variant by variant."""
+
+import pytest
+import torch
+
+from blockscope.ablate import block_ablation
+from blockscope.engine import clean_pass, default_batch_size
+from blockscope.heads import head_importance, one_head_per_layer, pruning_curve
+from blockscope.heads import single_head_ablation as heads_sweep
+from blockscope.sweep import model_windows, token_nll
+from blockscope.text import tokenize
+
+REL = 1e-5
+
+
+@pytest.fixture(scope="module", params=["short", "windows"])
+def ids(request, tiny, alice_text):
+    if request.param == "short":
+        return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=60)
+    return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)  # 4 windows
+
+
+def same(a, b):
+    assert list(a["variant"]) == list(b["variant"])
+    assert a["n_scored"].tolist() == b["n_scored"].tolist()
+    assert torch.allclose(torch.tensor(a["perplexity"].tolist()),
+                          torch.tensor(b["perplexity"].tolist()), rtol=REL, atol=0)
+
+
+@pytest.mark.parametrize("part", ["block", "attn", "mlp"])
+@pytest.mark.parametrize("method", ["zero", "mean"])
+@pytest.mark.parametrize("batch_size", [1, 2, None])
+def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size):
+    naive = block_ablation(tiny, ids, part=part, method=method, stride=100, engine="naive")
+    fast = block_ablation(tiny, ids, part=part, method=method, stride=100,
+                          batch_size=batch_size)
+    same(naive, fast)
+    assert naive[["layer", "part", "method"]].equals(fast[["layer", "part", "method"]])
+
+
+@pytest.mark.parametrize("method", ["zero", "mean"])
+@pytest.mark.parametrize("batch_size", [1, 3, None])
+def test_single_head_sweep_equals_naive(tiny, ids, method, batch_size):
+    naive = heads_sweep(tiny, ids, method=method, stride=100, engine="naive")
+    fast = heads_sweep(tiny, ids, method=method, stride=100, batch_size=batch_size)
+    same(naive, fast)
+    assert naive[["layer", "head"]].equals(fast[["layer", "head"]])
+
+
+def test_one_head_per_layer_equals_naive(tiny, ids):
+    importance, _ = head_importance(tiny, ids, stride=100)
+    for method in ("zero", "mean"):
+        same(one_head_per_layer(tiny, ids, importance, method=method, stride=100,
+                                engine="naive"),
+             one_head_per_layer(tiny, ids, importance, method=method, stride=100))
+
+
+@pytest.mark.parametrize("order", ["gradient", "random", "ablation"])
+def test_pruning_curve_equals_naive(tiny, ids, order):
+    kw = dict(order=order, step=0.3, stride=100, seed=1)
+    naive = pruning_curve(tiny, ids, engine="naive", **kw)
+    fast = pruning_curve(tiny, ids, **kw)
+    assert naive["heads_removed"].equals(fast["heads_removed"])
+    assert torch.allclose(torch.tensor(naive["perplexity"].tolist()),
+                          torch.tensor(fast["perplexity"].tolist()), rtol=REL, atol=0)
+
+
+def test_clean_pass_is_the_clean_forward(tiny, ids):
+    wins = model_windows(tiny, ids, 100)
+    nll = torch.cat([clean_pass(tiny, ids, w).nll for w in wins]).double()
+    assert torch.allclose(nll, token_nll(tiny, ids, wins), rtol=1e-6)
+    assert not any(hp.has_hooks() for hp in tiny.hook_dict.values())
+
+
+def test_default_batch_size(tiny):
+    class Cfg:
+        n_heads, d_mlp, d_model, device = 12, 3072, 768, "cuda:0"
+
+    class Small:
+        cfg = Cfg
+
+    assert 1 <= default_batch_size(Small, 470) <= 16
+    assert default_batch_size(Small, 1024) < default_batch_size(Small, 470)
+    assert default_batch_size(tiny, 60) == 1  # on the CPU batching measured no faster
