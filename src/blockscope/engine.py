@@ -112,9 +112,39 @@ def run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool = False
         x = out[0] if isinstance(out, tuple) else out
     rows = []
     for b in range(x.shape[0]):  # one element at a time: the logits are T x d_vocab each
-        logits = model.unembed(model.ln_final(x[b : b + 1]))  # (1, T, d_vocab)
-        rows.append(_nll(logits[0], clean.chunk, clean.window).double().cpu())
+        rows.append(_final_nll(model, x[b : b + 1], clean).double().cpu())
     return rows
+
+
+VOCAB_CHUNK = 4096  # unembedding rows per matmul: the logits chunk stays in cache
+
+
+def _final_nll(model, x: torch.Tensor, clean: Clean) -> torch.Tensor:
+    """NLL from the final residual `x` (1, T, d_model): ln_final, then the unembedding in
+    vocabulary chunks with a running logsumexp, never materialising T x d_vocab logits.
+    Falls back to the bridge's own unembed when hooks sit on it."""
+    normed = model.ln_final(x)[0]  # (T, d_model)
+    unembed = model.unembed
+    linear = getattr(unembed, "original_component", None)
+    if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
+            or unembed.hook_out.has_hooks()):
+        return _nll(unembed(normed[None])[0], clean.chunk, clean.window)
+    w = clean.window
+    lo = w.first_target - w.begin
+    h = normed[lo - 1 : -1]  # (n_scored, d_model): positions that predict the targets
+    targets = clean.chunk[0, lo:]  # (n_scored,)
+    weight, bias = linear.weight, linear.bias  # (d_vocab, d_model), (d_vocab,) or None
+    lse = None
+    for s in range(0, weight.shape[0], VOCAB_CHUNK):
+        part = h @ weight[s : s + VOCAB_CHUNK].T  # (n_scored, chunk)
+        if bias is not None:
+            part += bias[s : s + VOCAB_CHUNK]
+        chunk_lse = torch.logsumexp(part.float(), dim=-1)
+        lse = chunk_lse if lse is None else torch.logaddexp(lse, chunk_lse)
+    target = (h * weight[targets]).sum(-1)  # (n_scored,) the target logits
+    if bias is not None:
+        target = target + bias[targets]
+    return lse - target.float()
 
 
 def tune_allocator() -> bool:

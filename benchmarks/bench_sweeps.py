@@ -1,0 +1,155 @@
+"""Time blockscope's sweeps on a random-init, full-size GPT-2 small (no download).
+
+    python benchmarks/bench_sweeps.py            # needs the bench extra: pip install -e ".[bench]"
+
+Builds GPT2LMHeadModel(GPT2Config()) (GPT-2 small's exact shapes and cost) in a temp dir,
+loads it through blockscope's own loader, and times in one run, each the median of --repeat
+runs: one forward of 469 tokens (+ BOS); the block sweep (baseline + 12 skips) and the
+single-head sweep (144 heads), naive (one hooked forward per variant) against the cached
+engine; and Michel et al.'s gradient pass. It prints each ratio, peak RSS per phase, the
+floating-point work of each sweep (torch's FlopCounterMode), the GFLOP/s achieved, and a
+large matmul's GFLOP/s as the machine's practical peak.
+
+The naive loops run first with glibc's default allocator, as a notebook would; the engine
+then runs with the allocator tuned (`tune_allocator`, as the CLI does), and the naive block
+sweep is timed again under the tuned allocator to separate the two gains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from blockscope.ablate import block_ablation  # noqa: E402
+from blockscope.engine import tune_allocator  # noqa: E402
+from blockscope.heads import head_importance, single_head_ablation  # noqa: E402
+from blockscope.loading import load_model, spec_for  # noqa: E402
+from blockscope.text import read_passage, tokenize  # noqa: E402
+from blockscope.toy import save_gpt2_checkpoint  # noqa: E402
+
+
+class PeakRSS:
+    """Samples this process's RSS every 20 ms while the `with` body runs."""
+
+    def __enter__(self):
+        self.peak, self._stop = 0, threading.Event()
+        proc = psutil.Process()
+
+        def sample():
+            while not self._stop.is_set():
+                self.peak = max(self.peak, proc.memory_info().rss)
+                time.sleep(0.02)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, psutil.Process().memory_info().rss)
+
+
+def timed(fn, repeat: int) -> tuple[float, list[float], int]:
+    times = []
+    with PeakRSS() as rss:
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), times, rss.peak
+
+
+def flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def matmul_peak(repeat: int) -> tuple[float, float]:
+    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
+    big, _, _ = timed(lambda: a @ b, repeat)
+    x, w = torch.randn(469, 768), torch.randn(768, 50257)
+    unembed, _, _ = timed(lambda: x @ w, repeat)
+    return 2 * 4096**3 / big / 1e9, 2 * 469 * 768 * 50257 / unembed / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per timing (median)")
+    parser.add_argument("--tokens", type=int, default=469, help="text tokens (BOS added)")
+    parser.add_argument("--skip-naive-heads", action="store_true",
+                        help="skip the naive single-head sweep (about 140 s a run here)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
+    peak, unembed_rate = matmul_peak(args.repeat)
+    print(f"matmul 4096^3: {peak:.0f} GFLOP/s (practical peak); "
+          f"unembedding 469x768x50257: {unembed_rate:.0f} GFLOP/s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_gpt2_checkpoint(os.path.join(tmp, "gpt2-random"))
+        model = load_model(spec_for(str(path), device="cpu"))
+    text = read_passage(os.path.join(os.path.dirname(__file__), "..", "data", "alice.txt"))
+    ids = tokenize(model.tokenizer, text.text, prepend_bos=True, max_tokens=args.tokens)
+    print(f"random-init GPT-2 small, {ids.shape[1]} tokens (BOS + {args.tokens}), fp32, cpu")
+
+    def forward():
+        with torch.inference_mode():
+            model(ids, return_type="logits")
+
+    results = []
+
+    def report(name, fn, repeat, work=None):
+        median, times, rss = timed(fn, repeat)
+        work = flops(fn) if work is None else work
+        rate = work / median / 1e9
+        results.append((name, median))
+        print(f"{name:<34} median {median:7.2f} s  runs {[round(t, 2) for t in times]}  "
+              f"peak RSS {rss / 2**30:.2f} GB  work {work / 1e12:6.3f} TFLOP  "
+              f"{rate:5.0f} GFLOP/s  (bound at peak {work / peak / 1e9:6.2f} s)", flush=True)
+        return median
+
+    f1 = flops(forward)
+    report("one forward", forward, args.repeat, f1)
+    n_blocks, n_heads = model.cfg.n_layers, model.cfg.n_layers * model.cfg.n_heads
+    naive_blocks = report("block sweep, naive (default malloc)",
+                          lambda: block_ablation(model, ids, engine="naive"), args.repeat,
+                          f1 * (n_blocks + 1))
+    naive_heads = None
+    if not args.skip_naive_heads:
+        naive_heads = report("head sweep, naive (default malloc)",
+                             lambda: single_head_ablation(model, ids, engine="naive"),
+                             args.repeat, f1 * (n_heads + 1))
+    print(f"allocator tuned (mallopt): {tune_allocator()}")
+    tuned_blocks = report("block sweep, naive (tuned malloc)",
+                          lambda: block_ablation(model, ids, engine="naive"), args.repeat,
+                          f1 * (n_blocks + 1))
+    fast_blocks = report("block sweep, engine",
+                         lambda: block_ablation(model, ids), args.repeat)
+    fast_heads = report("head sweep, engine", lambda: single_head_ablation(model, ids),
+                        args.repeat)
+    report("Michel gradient pass", lambda: head_importance(model, ids), args.repeat)
+    print(f"block sweep: engine {naive_blocks / fast_blocks:.2f}x faster than the naive loop "
+          f"(default malloc), {tuned_blocks / fast_blocks:.2f}x than naive (tuned malloc)")
+    if naive_heads:
+        print(f"head sweep: engine {naive_heads / fast_heads:.2f}x faster than the naive loop "
+              "(default malloc)")
+    print(f"process peak RSS {psutil.Process().memory_info().rss / 2**30:.2f} GB now; "
+          f"max {__import__('resource').getrusage(0).ru_maxrss / 2**20:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
