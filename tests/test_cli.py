@@ -11,7 +11,7 @@ from blockscope.cli import app
 from .conftest import ALICE
 
 ABLATE_COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
-                  "ratio"]
+                  "ratio", "block_influence", "angular_distance"]
 SIDECAR_KEYS = {"command", "model", "text", "n_tokens", "n_scored", "prepend_bos", "dtype",
                 "device", "part", "method", "window", "versions", "date", "wall_time_s"}
 
@@ -41,7 +41,10 @@ def test_ablate_prints_table_and_writes_csv_and_json(run, tiny_dir, tmp_path):
     assert meta["n_tokens"] == 100 and meta["prepend_bos"] is True
     assert meta["text"]["sha256"] and meta["model"]["local"] is True
     assert {"torch", "transformer-lens", "transformers", "blockscope"} <= meta["versions"].keys()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [csv.name, csv.with_suffix(".json").name]
+    assert meta["engine"] == "cached" and set(meta["spearman_with_delta"]) == {
+        "block_influence", "angular_distance"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [csv.name, csv.with_suffix(".json").name, csv.with_suffix(".png").name])
 
 
 def test_quiet_prints_only_the_csv_path(run, tiny_dir, tmp_path):

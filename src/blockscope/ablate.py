@@ -15,6 +15,7 @@ import torch
 from blockscope.engine import Start, cached_means, clean_pass, engine_sweep
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import PART_HOOKS, remove_part
+from blockscope.similarity import BlockSimilarity, spearman
 from blockscope.sweep import Progress, Variant, clean_means, model_windows, sweep, token_nll
 
 PARTS = ("block", "attn", "mlp")
@@ -82,6 +83,7 @@ def block_ablation(
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
     wins = model_windows(model, tokens, stride)
     names = [n for i in layers for n in _mean_hook_names(i, part)] if method == "mean" else []
+    similarity = BlockSimilarity(n_layers)
     if engine == "cached":
         # one window: its clean pass gives the means too; several: a pass over all first
         cleans = [clean_pass(model, tokens, wins[0], keep_z=False)] if len(wins) == 1 else None
@@ -92,14 +94,26 @@ def block_ablation(
         starts = [_start(i, part, _fill(means, i, part),
                          {"layer": i, "part": part, "method": method}) for i in layers]
         df = engine_sweep(model, tokens, starts, wins=wins, cleans=cleans,
-                          batch_size=batch_size, progress=progress)
+                          batch_size=batch_size, progress=progress, on_clean=similarity.add)
     else:
         baseline, means = (clean_means(model, tokens, wins, names) if names
                            else (token_nll(model, tokens, wins), {}))
         variants = [Variant({"layer": i, "part": part, "method": method},
                             remove_part(i, part, _fill(means, i, part))) for i in layers]
         df = sweep(model, tokens, variants, wins=wins, baseline_nll=baseline, progress=progress)
+        for w in wins:  # the reference path pays one more clean pass for the metrics
+            similarity.add(clean_pass(model, tokens, w, keep_z=False))
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"
-    return df[["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
-               "ratio"]]
+    df = df.merge(similarity.frame(), on="layer", how="left")
+    return df[COLUMNS]
+
+
+COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
+           "ratio", "block_influence", "angular_distance"]
+
+
+def metric_correlations(df: pd.DataFrame) -> dict[str, float]:
+    """Spearman correlation of each cheap metric with the perplexity increase, over blocks."""
+    rows = df.iloc[1:]
+    return {m: spearman(rows[m], rows["delta"]) for m in ("block_influence", "angular_distance")}

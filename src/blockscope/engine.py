@@ -208,14 +208,19 @@ def engine_sweep(
     cleans: Sequence[Clean] | None = None,
     batch_size: int | None = None,
     progress=None,
+    on_clean: Callable[[Clean], None] | None = None,
 ) -> pd.DataFrame:
-    """Baseline row, then one row per variant: the same table `sweep.sweep` gives."""
+    """Baseline row, then one row per variant: the same table `sweep.sweep` gives.
+
+    `on_clean` sees each window's clean pass (metrics at no extra forward cost)."""
     if progress:
         progress(total=len(variants) * len(wins) + 1)
     nlls: list[list[torch.Tensor]] = [[] for _ in variants]
     baseline = []
     for wi, w in enumerate(wins):
         clean = cleans[wi] if cleans is not None else clean_pass(model, tokens, w)
+        if on_clean:
+            on_clean(clean)
         baseline.append(clean.nll.double().cpu())
         size = batch_size or default_batch_size(model, w.end - w.begin)
         for group in _groups(variants, size):

@@ -121,10 +121,12 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
         trust_remote_code=False,
         attn_implementation="eager",  # hooks on scores and patterns need eager attention
     )
+    # add_bos_token=True as TransformerLens wants it, else its boot reloads the tokenizer
+    # by name (reaching for the hub); blockscope adds BOS itself (add_special_tokens=False)
     try:
         return (
             AutoModelForCausalLM.from_pretrained(spec.source, local_files_only=True, **kwargs),
-            AutoTokenizer.from_pretrained(spec.source, local_files_only=True),
+            AutoTokenizer.from_pretrained(spec.source, local_files_only=True, add_bos_token=True),
         )
     except OSError as exc:
         if spec.is_local:
@@ -139,7 +141,7 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
     try:
         return (
             AutoModelForCausalLM.from_pretrained(spec.source, **kwargs),
-            AutoTokenizer.from_pretrained(spec.source),
+            AutoTokenizer.from_pretrained(spec.source, add_bos_token=True),
         )
     except OSError as exc:
         raise BlockscopeError(f"cannot load model {spec.name!r} from the hub: {_first(exc)}")
@@ -231,3 +233,20 @@ def load_config(name: str):
         raise
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         raise BlockscopeError(f"--model {name}: cannot read its config: {_first(exc)}")
+
+
+def random_model(preset: str, tokenizer):
+    """A TransformerBridge with a preset's architecture and random weights (no download):
+    for figures that depend on shapes only. `tokenizer` is any HF tokenizer object."""
+    import tempfile
+
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf_model = AutoModelForCausalLM.from_config(load_config(preset), attn_implementation="eager")
+    with tempfile.TemporaryDirectory() as tmp:  # reload it as the loader does, BOS-aware
+        tokenizer.save_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(tmp, add_bos_token=True)
+    return TransformerBridge.boot_transformers(
+        preset, hf_model=hf_model.eval(), tokenizer=tokenizer, device="cpu"
+    )

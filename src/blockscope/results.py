@@ -44,8 +44,9 @@ def sidecar(**settings) -> dict:
     return {**settings, "versions": versions(), "date": now}
 
 
-def write_outputs(out_dir: Path, files: dict[str, pd.DataFrame | dict]) -> list[Path]:
-    """Write `{filename: DataFrame or dict}` into `out_dir`: all to temp files, then rename.
+def write_outputs(out_dir: Path, files: dict) -> list[Path]:
+    """Write `{filename: DataFrame (CSV), dict (JSON), str (text) or Figure (PNG)}` into
+    `out_dir`: all to temp files, then rename.
 
     No file is ever half-written; the CSVs are renamed last, so a CSV implies its sidecar.
     """
@@ -57,13 +58,19 @@ def write_outputs(out_dir: Path, files: dict[str, pd.DataFrame | dict]) -> list[
     try:
         for name, content in files.items():
             fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
+            staged.append((tmp, out_dir / name))
+            if hasattr(content, "savefig"):  # a matplotlib Figure
+                with os.fdopen(fd, "wb") as fh:
+                    content.savefig(fh, format="png")
+                continue
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 if isinstance(content, pd.DataFrame):
                     content.to_csv(fh, index=False)
+                elif isinstance(content, str):
+                    fh.write(content)
                 else:
                     json.dump(content, fh, indent=2, default=str)
                     fh.write("\n")
-            staged.append((tmp, out_dir / name))
         for tmp, final in sorted(staged, key=lambda s: s[1].suffix == ".csv"):
             os.replace(tmp, final)
     except OSError as exc:

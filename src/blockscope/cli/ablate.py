@@ -16,6 +16,7 @@ from blockscope.cli.common import (
     ModelOpt,
     OutDirOpt,
     PickleOpt,
+    PlotOpt,
     QuietOpt,
     TextFileOpt,
     app,
@@ -89,6 +90,7 @@ def ablate(
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
     out_dir: OutDirOpt = Path("results"),
+    plot: PlotOpt = True,
     quiet: QuietOpt = False,
 ) -> None:
     """Skip each block in turn (its output = its input) and report perplexity on a passage.
@@ -115,9 +117,13 @@ def ablate(
             engine=engine.value, batch_size=batch_size, progress=step,
         )
     n_text = int(tokens.shape[-1]) - int(prepend_bos)
+    correlations = experiment.metric_correlations(df)
     if not quiet:
         out.print(ablation_table(df, f"{spec.name} on {passage.path.name}: {n_text} tokens"
                                  f"{' + BOS' if prepend_bos else ''}"))
+        out.print("rank correlation (Spearman) with the perplexity increase: block influence "
+                  f"{correlations['block_influence']:+.2f}, angular distance "
+                  f"{correlations['angular_distance']:+.2f}", highlight=False)
     suffix = "" if part is Part.block else f"-{part.value}"
     suffix += "" if method is Method.zero else f"-{method.value}"
     meta = sidecar(
@@ -136,9 +142,23 @@ def ablate(
         batch_size=batch_size or "default",
         window={"n_ctx": lm.cfg.n_ctx, "stride": stride or max(1, lm.cfg.n_ctx // 2)},
         perplexity="exp(mean next-token NLL over every scored token)",
+        block_metrics="cosine of each block's input and output per token (all but the first "
+        "token): block_influence = 1 - mean cos (ShortGPT), angular_distance = mean "
+        "arccos(cos)/pi (Gromov et al.)",
+        spearman_with_delta=correlations,
         wall_time_s=round(time.perf_counter() - started, 3),
     )
-    write(out_path, f"ablate-{spec.slug}-{passage.path.stem}{suffix}", {"": df}, meta, quiet)
+    stem = f"ablate-{spec.slug}-{passage.path.stem}{suffix}"
+    extra = {}
+    if plot:
+        from blockscope.plots import ablation_plot
+
+        what = {"block": "each block skipped", "attn": "each block's attention removed",
+                "mlp": "each block's MLP removed"}[part.value]
+        extra[f"{stem}.png"] = ablation_plot(
+            df, f"{spec.name} on {passage.path.name} ({n_text} tokens): perplexity with {what}"
+            f"{' (mean)' if method is Method.mean else ''}")
+    write(out_path, stem, {"": df}, meta, quiet, extra=extra)
 
 
 def ablation_table(df, title: str):
@@ -156,7 +176,9 @@ def ablation_table(df, title: str):
     return table(
         shown,
         {"block": ("block removed", "s"), "perplexity": ("perplexity", ",.2f"),
-         "delta": ("change", "+,.2f"), "ratio": ("ratio", ".3f")},
+         "delta": ("change", "+,.2f"), "ratio": ("ratio", ".3f"),
+         "block_influence": ("block influence", ".3f"),
+         "angular_distance": ("angular dist.", ".3f")},
         title=f"{title}; part={part}, method={method}",
         styles=styles,
         caption="red: the removal that hurts most; green: the mildest. Blocks count from 0.",

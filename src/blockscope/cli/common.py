@@ -42,6 +42,7 @@ PickleOpt = Annotated[
 ]
 OutDirOpt = Annotated[Path, typer.Option(help="Where the CSV, JSON and PNG go.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the CSV's path.")]
+PlotOpt = Annotated[bool, typer.Option("--plot/--no-plot", help="Write a PNG beside the CSV.")]
 TextFileOpt = Annotated[Path, typer.Option("--text", "-t", help="A UTF-8 text file.")]
 PromptArg = Annotated[
     str | None, typer.Argument(help="The prompt (or give --text FILE).", show_default=False)
@@ -130,13 +131,23 @@ def model_record(spec) -> dict:
             "weights": "processed" if spec.processed else "raw"}
 
 
-def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool) -> list[Path]:
-    """Write `{suffix: DataFrame}` as `<stem><suffix>.csv` plus `<stem>.json`; say where."""
+def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
+          extra: dict | None = None) -> list[Path]:
+    """Write `{suffix: DataFrame}` as `<stem><suffix>.csv`, `<stem>.json` and `extra`
+    (`{filename: Figure or text}`); say where."""
     from blockscope.results import write_outputs
 
     files = {f"{stem}{suffix}.csv": df for suffix, df in frames.items()}
     files[f"{stem}.json"] = meta
-    paths = write_outputs(out_dir, files)
+    files.update(extra or {})
+    try:
+        paths = write_outputs(out_dir, files)
+    finally:
+        for content in (extra or {}).values():
+            if hasattr(content, "savefig"):
+                import matplotlib.pyplot as plt
+
+                plt.close(content)
     csvs = [p for p in paths if p.suffix == ".csv"]
     if quiet:
         out.print(str(csvs[0]), highlight=False, soft_wrap=True)

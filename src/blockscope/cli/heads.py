@@ -26,6 +26,7 @@ from blockscope.cli.common import (
     ModelOpt,
     OutDirOpt,
     PickleOpt,
+    PlotOpt,
     QuietOpt,
     TextFileOpt,
     app,
@@ -84,6 +85,7 @@ def prune_heads(
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
     out_dir: OutDirOpt = Path("results"),
+    plot: PlotOpt = True,
     quiet: QuietOpt = False,
 ) -> None:
     """Which heads matter, and how many can go with perplexity within a tolerance.
@@ -157,7 +159,15 @@ def prune_heads(
         wall_time_s=round(time.perf_counter() - started, 3),
     )
     stem = f"prune-heads-{spec.slug}-{passage.path.stem}{'-mean' if method is Method.mean else ''}"
-    write(out_path, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet)
+    extra = {}
+    if plot:
+        from blockscope.plots import prune_heads_plot
+
+        extra[f"{stem}.png"] = prune_heads_plot(
+            per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads, tolerance=tolerance,
+            title=f"{spec.name} on {passage.path.name}: which heads matter")
+    write(out_path, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet,
+          extra=extra)
 
 
 def head_table(ablation, importance, normalised):

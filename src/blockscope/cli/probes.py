@@ -15,6 +15,7 @@ from blockscope.cli.common import (
     ModelOpt,
     OutDirOpt,
     PickleOpt,
+    PlotOpt,
     PromptArg,
     PromptFileOpt,
     QuietOpt,
@@ -72,6 +73,7 @@ def resid_norm(
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
     out_dir: OutDirOpt = Path("results"),
+    plot: PlotOpt = True,
     quiet: QuietOpt = False,
 ) -> None:
     """Length of the residual stream after the embeddings and after every half-block.
@@ -99,7 +101,14 @@ def resid_norm(
                    **_common_meta(spec, source, tokens, prepend_bos, started))
     stem = f"resid-norm-{spec.slug}{'-processed' if processed else ''}"
     stem += "-bos" if prepend_bos else ""
-    write(out_path, stem, {"": df}, meta, quiet)
+    extra = {}
+    if plot:
+        from blockscope.plots import resid_norm_plot
+
+        extra[f"{stem}.png"] = resid_norm_plot(
+            df, f"{spec.name}: residual stream norm ({'BOS' if prepend_bos else 'no BOS'}, "
+            f"{'processed' if processed else 'raw'} weights)")
+    write(out_path, stem, {"": df}, meta, quiet, extra=extra)
 
 
 @app.command()

