@@ -82,3 +82,10 @@ def test_default_batch_size(tiny):
     assert 1 <= default_batch_size(Small, 470) <= 16
     assert default_batch_size(Small, 1024) < default_batch_size(Small, 470)
     assert default_batch_size(tiny, 60) == 1  # on the CPU batching measured no faster
+
+
+def test_fused_gelu_is_swapped_back(tiny, ids):
+    from transformers.activations import NewGELUActivation
+
+    block_ablation(tiny, ids, layers=[0])
+    assert all(isinstance(b.mlp.original_component.act, NewGELUActivation) for b in tiny.blocks)

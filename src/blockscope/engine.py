@@ -17,7 +17,8 @@ are the model's own TransformerLens bridge blocks, so hook points inside them st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -98,9 +99,34 @@ def _nll(logits: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
     return -logp.gather(-1, chunk[0, lo:, None])[:, 0]
 
 
+@contextmanager
+def fused_gelu(model) -> Iterator[None]:
+    """Swap GPT-2's NewGELUActivation (seven elementwise passes in Python) for transformers'
+    GELUTanh (torch's fused tanh GELU): the same function, about 3x faster on the CPU, equal
+    to within float rounding (~5e-7). Always restored."""
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    swapped = []
+    for block in model.blocks:
+        mlp = getattr(block.mlp, "original_component", None)
+        if isinstance(getattr(mlp, "act", None), NewGELUActivation):
+            swapped.append((mlp, mlp.act))
+            mlp.act = GELUTanh()
+    try:
+        yield
+    finally:
+        for mlp, act in swapped:
+            mlp.act = act
+
+
 def run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool = False) -> list:
     """NLL rows for a batch `x` (B, T, d_model) entering block `layer` (after attention if
     `mid`), through the rest of the stack, the final norm and the unembedding."""
+    with fused_gelu(model):
+        return _run_from(model, clean, x, layer, mid)
+
+
+def _run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool) -> list:
     blocks = model.blocks
     if mid:
         block = blocks[layer]
