@@ -27,7 +27,7 @@ class Figure:
 
     experiment: str  # the blockscope command that measures it
     name: str  # what it is
-    article: str  # as printed, e.g. "1,684" or "1.81"
+    article: str  # as printed, with thousands commas and the decimals given
     measure: str  # key of the measured value
     unit: str = ""  # "", "thousand", "million" or "billion"
     cut: bool = False  # the article truncates this figure instead of rounding it

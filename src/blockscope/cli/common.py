@@ -126,6 +126,17 @@ def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
     return prompt, {"prompt": prompt}
 
 
+def comma_list(text: str | None, option: str, kind: type = float) -> list | None:
+    """Parse `--option 1,2,3` into a list of `kind`; None when the option was not given."""
+    if text is None:
+        return None
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        what = "whole numbers" if kind is int else "numbers"
+        raise BlockscopeError(f"--{option} takes {what} separated by commas, not {text!r}")
+
+
 def model_record(spec) -> dict:
     return {"name": spec.name, "source": spec.source, "local": spec.is_local,
             "weights": "processed" if spec.processed else "raw"}

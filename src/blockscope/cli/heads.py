@@ -30,6 +30,7 @@ from blockscope.cli.common import (
     QuietOpt,
     TextFileOpt,
     app,
+    comma_list,
     err,
     handled,
     load,
@@ -45,15 +46,6 @@ class Order(str, Enum):
     gradient = "gradient"
     ablation = "ablation"
     random = "random"
-
-
-def _indices(text: str | None, what: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise BlockscopeError(f"--{what} takes whole numbers separated by commas, not {text!r}")
 
 
 @app.command("prune-heads")
@@ -101,7 +93,7 @@ def prune_heads(
 
     started = time.perf_counter()
     orders = [o.value for o in (order or [Order.gradient])]
-    layer_ids, head_ids = _indices(layers, "layers"), _indices(heads, "heads")
+    layer_ids, head_ids = comma_list(layers, "layers", int), comma_list(heads, "heads", int)
     if "ablation" in orders and (layer_ids or head_ids):
         raise BlockscopeError("--order ablation ranks every head: drop --layers/--heads")
     for o in orders:

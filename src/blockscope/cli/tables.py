@@ -8,17 +8,16 @@ from typing import Annotated
 
 import typer
 
-from blockscope.cli.common import OutDirOpt, PlotOpt, QuietOpt, app, handled, out, write
-from blockscope.errors import BlockscopeError
-
-
-def _numbers(text: str | None, name: str) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise BlockscopeError(f"--{name} takes numbers separated by commas, not {text!r}")
+from blockscope.cli.common import (
+    OutDirOpt,
+    PlotOpt,
+    QuietOpt,
+    app,
+    comma_list,
+    handled,
+    out,
+    write,
+)
 
 
 @app.command()
@@ -102,7 +101,7 @@ def layernorm(
     from blockscope.results import check_out_dir, sidecar
 
     out_path = check_out_dir(out_dir)
-    df = layer_norm_steps(values, gain=_numbers(gain, "gain"), bias=_numbers(bias, "bias"),
+    df = layer_norm_steps(values, gain=comma_list(gain, "gain"), bias=comma_list(bias, "bias"),
                           eps=eps)
     if not quiet:
         from rich.table import Table
