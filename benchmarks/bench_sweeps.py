@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from blockscope.ablate import block_ablation  # noqa: E402
-from blockscope.engine import tune_allocator  # noqa: E402
+from blockscope.allocator import tune_allocator  # noqa: E402
 from blockscope.heads import head_importance, single_head_ablation  # noqa: E402
 from blockscope.loading import load_model, spec_for  # noqa: E402
 from blockscope.text import read_passage, tokenize  # noqa: E402

@@ -262,3 +262,14 @@ def test_prune_heads_bad_filters(run, tiny_dir, tmp_path, args, message):
               "--out-dir", tmp_path / "r")
     assert message in one_error_line(res)
     assert not (tmp_path / "r").exists()
+
+
+def test_help_does_not_import_torch():
+    """`blockscope --help` stays instant: the heavy imports live inside the commands."""
+    import subprocess
+    import sys
+
+    code = "import sys, blockscope.cli; from blockscope.allocator import tune_allocator; " \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

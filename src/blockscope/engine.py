@@ -173,29 +173,6 @@ def _final_nll(model, x: torch.Tensor, clean: Clean) -> torch.Tensor:
     return lse - target.float()
 
 
-def tune_allocator() -> bool:
-    """Tell glibc's malloc to keep freed memory instead of returning it to the system.
-
-    A sweep allocates and frees the same large activations hundreds of times; by default
-    glibc serves them with mmap and unmaps them on free, so every variant pays page faults
-    for fresh zeroed pages. Equivalent to MALLOC_MMAP_MAX_=0 and a huge
-    MALLOC_TRIM_THRESHOLD_. Returns False where there is no glibc (macOS, Windows, musl).
-    """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
-
-
 def cached_means(clean: Clean) -> dict[str, torch.Tensor]:
     """The clean means over positions that `sweep.clean_means` hooks for, from one window's
     cache: the stream before/after each block, each half's output, each head's z."""

@@ -9,7 +9,7 @@ from blockscope.cli.common import app
 
 
 def main() -> None:
-    from blockscope.engine import tune_allocator
+    from blockscope.allocator import tune_allocator
 
     tune_allocator()  # before torch allocates anything large: sweeps free and reuse a lot
     app()
