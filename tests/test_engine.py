@@ -89,3 +89,18 @@ def test_fused_gelu_is_swapped_back(tiny, ids):
 
     block_ablation(tiny, ids, layers=[0])
     assert all(isinstance(b.mlp.original_component.act, NewGELUActivation) for b in tiny.blocks)
+
+
+def test_hooks_on_the_unembedding_are_honoured(tiny, ids):
+    from blockscope.engine import Start, engine_sweep
+    from blockscope.interventions import applied
+    from blockscope.sweep import perplexity_row
+
+    hooks = [("unembed.hook_out", lambda logits, hook=None: 0.5 * logits)]
+    wins = model_windows(tiny, ids, 100)
+    start = Start({}, tiny.cfg.n_layers, lambda c: c.pre[-1], hooks=hooks)
+    fast = engine_sweep(tiny, ids, [start], wins=wins).loc[1, "perplexity"]
+    with applied(tiny, hooks):
+        naive = perplexity_row(token_nll(tiny, ids, wins))["perplexity"]
+    assert fast == pytest.approx(naive, rel=REL)
+    assert fast != pytest.approx(perplexity_row(token_nll(tiny, ids, wins))["perplexity"])

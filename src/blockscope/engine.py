@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from blockscope.interventions import Hook, applied
-from blockscope.sweep import perplexity_row
+from blockscope.sweep import nll_from_logits, perplexity_row
 from blockscope.text import Window
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
@@ -86,17 +86,11 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, keep_z: bool = True) -> C
     try:
         with torch.inference_mode(), applied(model, hooks):
             logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
-            nll = _nll(logits[0], chunk, w)
+            nll = nll_from_logits(logits[0], chunk, w)
     finally:
         for h in handles:
             h.remove()
     return Clean(w, chunk, replay, pre, mid, z, nll)
-
-
-def _nll(logits: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
-    lo = w.first_target - w.begin  # logits: (T, d_vocab)
-    logp = logits[lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
-    return -logp.gather(-1, chunk[0, lo:, None])[:, 0]
 
 
 @contextmanager
@@ -154,7 +148,7 @@ def _final_nll(model, x: torch.Tensor, clean: Clean) -> torch.Tensor:
     linear = getattr(unembed, "original_component", None)
     if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
             or unembed.hook_out.has_hooks()):
-        return _nll(unembed(normed[None])[0], clean.chunk, clean.window)
+        return nll_from_logits(unembed(normed[None])[0], clean.chunk, clean.window)
     w = clean.window
     lo = w.first_target - w.begin
     h = normed[lo - 1 : -1]  # (n_scored, d_model): positions that predict the targets

@@ -36,9 +36,13 @@ def model_windows(model, tokens: torch.Tensor, stride: int | None) -> list[Windo
 def window_nll(model, tokens: torch.Tensor, w: Window) -> torch.Tensor:
     """NLL of the tokens window `w` scores, `(n_scored,)` float32; differentiable."""
     chunk = tokens[:, w.begin : w.end].to(model.cfg.device)  # (1, pos)
-    logits = model(chunk, return_type="logits")  # (1, pos, d_vocab)
+    return nll_from_logits(model(chunk, return_type="logits")[0], chunk, w)
+
+
+def nll_from_logits(logits: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
+    """NLL of window `w`'s scored tokens from its logits `(pos, d_vocab)`."""
     lo = w.first_target - w.begin  # first scored position within the window
-    logp = logits[0, lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
+    logp = logits[lo - 1 : -1].float().log_softmax(-1)  # (n_scored, d_vocab)
     return -logp.gather(-1, chunk[0, lo:, None])[:, 0]
 
 
