@@ -112,7 +112,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert "| baseline perplexity |" in report and "differs" in report
     assert "Head pruning" in report
     pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 5  # ablation + four residual-norm variants
+    assert len(pngs) == 6  # params, ablation, four residual-norm variants
     assert all(p.read_bytes().startswith(PNG) for p in pngs)
     assert all(f"]({p.name})" in report for p in pngs)
     meta = json.loads((out / "reproduce-tiny-gpt2.json").read_text())

@@ -58,9 +58,18 @@ class Figure:
         return abs(measured - self.value) <= self.tolerance * (1 + 1e-9)
 
 
+DEFAULT_REFERENCE = Path("experiments/article.toml")
+
+
 def load_reference(path: str | Path) -> tuple[dict, list[Figure]]:
-    """(settings, figures) from a TOML reference file like experiments/article.toml."""
+    """(settings, figures) from a TOML reference file like experiments/article.toml.
+
+    The default path is looked up in the current directory, then in the source tree this
+    package runs from; text paths inside resolve the same way (the reference's own tree)."""
     p = Path(path)
+    repo = Path(__file__).resolve().parents[2]
+    if p == DEFAULT_REFERENCE and not p.exists() and (repo / p).exists():
+        p = repo / p
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -73,12 +82,20 @@ def load_reference(path: str | Path) -> tuple[dict, list[Figure]]:
             f.value, f.tolerance  # noqa: B018  (validates the number and the unit)
     except (TypeError, ValueError, KeyError) as exc:
         raise BlockscopeError(f"--reference {p}: a [[figure]] is malformed ({exc})")
+    for section in data.values():
+        if isinstance(section, dict) and "text" in section:
+            text = Path(section["text"])
+            if not text.is_absolute() and not text.exists():
+                if (p.resolve().parent.parent / text).exists():
+                    section["text"] = str(p.resolve().parent.parent / text)
     return data, figures
 
 
-def offline_measures(settings: dict, figures: list[Figure], shape_model=None) -> dict:
+def offline_measures(settings: dict, figures: list[Figure], shape_model=None,
+                     frames: dict | None = None) -> dict:
     """What needs no weights: parameter counts, layer norm, and (given any model with the
-    right shapes and tokenizer, random weights will do) token counts and shapes."""
+    right shapes and tokenizer, random weights will do) token counts and shapes. The
+    parameter tables land in `frames["params"]` when `frames` is given."""
     from blockscope.layernorm import layer_norm_steps
     from blockscope.loading import load_config
     from blockscope.params import parameter_counts
@@ -87,11 +104,16 @@ def offline_measures(settings: dict, figures: list[Figure], shape_model=None) ->
     # keys are "params.<model>.<component>"; model names may hold dots, components do not
     models = {f.measure.removeprefix("params.").rsplit(".", 1)[0] for f in figures
               if f.experiment == "params"}
+    tables = []
     for model in sorted(models):
-        df = parameter_counts(load_config(model)).set_index("component")
+        df = parameter_counts(load_config(model))
+        tables.append(df.assign(model=model))
+        df = df.set_index("component")
         for component, row in df.iterrows():
             out[f"params.{model}.{component}"] = float(row["parameters"])
         out[f"params.{model}.MLP share"] = 100 * float(df.loc["MLP", "share_of_block"])
+    if frames is not None and tables:
+        frames["params"] = pd.concat(tables, ignore_index=True)
     for x in settings.get("layernorm", {}).get("examples", []):
         df = layer_norm_steps(x)
         key = "layernorm." + " ".join(f"{v:g}" for v in x)
@@ -143,8 +165,9 @@ def model_measures(model, settings: dict, *, load_processed=None, progress=None)
         frames["ablate"] = df
         middle = df.iloc[2:-1]["perplexity"]  # blocks 2..n-1, counted from 1
         out.update({"ablate.baseline": df.loc[0, "perplexity"], "ablate.block1":
-                    df.loc[1, "perplexity"], "ablate.middle_min": middle.min(),
-                    "ablate.middle_max": middle.max()})
+                    df.loc[1, "perplexity"]})
+        if len(middle):
+            out.update({"ablate.middle_min": middle.min(), "ablate.middle_max": middle.max()})
     if "resid_norm" in settings:
         prompt = settings["resid_norm"]["prompt"]
         processed = None
@@ -156,7 +179,7 @@ def model_measures(model, settings: dict, *, load_processed=None, progress=None)
             lm = processed if proc else model
             df = resid_norms(lm, tokenize(lm.tokenizer, prompt, prepend_bos=bos))
             name = resid_variant(bos, proc)
-            frames[f"resid-norm {name}"] = df.assign(variant=name)
+            frames[f"resid-norm {name}"] = df.assign(variant=name, prompt=prompt)
             norms = df.set_index("after")["norm"]
             for point, value in norms.items():
                 out[f"resid.{point}|{name}"] = float(value)
@@ -179,13 +202,20 @@ def resid_variant(bos: bool, processed: bool) -> str:
     return f"{'BOS' if bos else 'no BOS'}, {'processed' if processed else 'raw'} weights"
 
 
-def compare(figures: list[Figure], measured: dict, commands: dict[str, str]) -> pd.DataFrame:
-    """One row per figure (and per variant for residual norms): article vs measured."""
+def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
+            model_loaded: bool = False) -> pd.DataFrame:
+    """One row per figure (and per variant for residual norms): article vs measured.
+
+    A figure with nothing measured "needs the model", or, when the model was loaded, is
+    "not in this model" (a block it does not have, say)."""
     rows = []
     for f in figures:
         keys = [k for k in measured if k == f.measure or k.startswith(f.measure + "|")]
         if not keys:
-            rows.append(_row(f, None, None, commands))
+            row = _row(f, None, None, commands)
+            if model_loaded:
+                row["status"] = "not in this model"
+            rows.append(row)
         for k in keys:
             rows.append(_row(f, measured[k], k.partition("|")[2] or None, commands))
     return pd.DataFrame(rows)

@@ -105,9 +105,11 @@ def resid_norm(
     if plot:
         from blockscope.plots import resid_norm_plot
 
+        shown = text_ if len(text_) <= 40 else text_[:37] + "..."
         extra[f"{stem}.png"] = resid_norm_plot(
-            df, f"{spec.name}: residual stream norm ({'BOS' if prepend_bos else 'no BOS'}, "
-            f"{'processed' if processed else 'raw'} weights)")
+            df, f"{spec.name} on {shown!r}: residual stream norm "
+            f"({'BOS' if prepend_bos else 'no BOS'}, {'processed' if processed else 'raw'} "
+            "weights)")
     write(out_path, stem, {"": df}, meta, quiet, extra=extra)
 
 

@@ -50,7 +50,7 @@ def reproduce(
                                               "directory (default: the reference's model).")]
     = None,
     reference: Annotated[Path, typer.Option(help="The article's settings and figures.")] = Path(
-        "experiments/article.toml"),
+        "experiments/article.toml"),  # the same as reproduce.DEFAULT_REFERENCE
     prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Run the pruning curve "
                                         "for prune-heads' headline (the slowest part).")] = True,
     plot: PlotOpt = True,
@@ -84,18 +84,19 @@ def reproduce(
         missing = str(exc)
         if not quiet:
             err.print(f"[yellow]without the model:[/] {exc}", highlight=False, soft_wrap=True)
+    frames: dict = {}
     with status("measuring what needs no weights", quiet):
         shape_model = lm if lm is not None else rp.gpt2_shape_model()
-        measured = rp.offline_measures(settings, figures, shape_model)
-    frames = {}
+        measured = rp.offline_measures(settings, figures, shape_model, frames)
     if lm is not None:
         with status("measuring with the model: ablation, residual norms, pruning", quiet):
-            more, frames = rp.model_measures(
+            more, model_frames = rp.model_measures(
                 lm, settings, load_processed=lambda: load_model(
                     spec_for(name, device=device, dtype=dtype.value, processed=True),
                     allow_pickle=allow_pickle))
         measured.update(more)
-    table = rp.compare(figures, measured, commands(name, settings))
+        frames.update(model_frames)
+    table = rp.compare(figures, measured, commands(name, settings), model_loaded=lm is not None)
     best = rp.best_resid_variant(table)
     headline = None
     if "prune.heads_removed" in measured:
@@ -117,9 +118,13 @@ def reproduce(
 
 
 def plots(frames: dict, name: str, stem: str) -> dict:
-    from blockscope.plots import ablation_plot, resid_norm_plot
+    from blockscope.plots import ablation_plot, params_plot, resid_norm_plot
 
     pics = {}
+    if "params" in frames:
+        models = ", ".join(dict.fromkeys(frames["params"]["model"]))
+        pics[f"{stem}-params.png"] = params_plot(frames["params"],
+                                                 f"where the parameters live: {models}")
     if "ablate" in frames:
         pics[f"{stem}-ablate.png"] = ablation_plot(frames["ablate"], f"{name}: perplexity with "
                                                    "each block skipped (Alice, 469 tokens)")
@@ -128,8 +133,14 @@ def plots(frames: dict, name: str, stem: str) -> dict:
             variant = key.split(" ", 1)[1]
             slug = variant.replace(", ", "-").replace(" ", "-")
             pics[f"{stem}-resid-norm-{slug}.png"] = resid_norm_plot(
-                df, f"{name}: residual norm at the last token ({variant})")
+                df, f"{name}: residual norm at the last token of "
+                f"{settings_prompt(frames)!r} ({variant})")
     return pics
+
+
+def settings_prompt(frames: dict) -> str:
+    df = next(v for k, v in frames.items() if k.startswith("resid-norm"))
+    return str(df["prompt"].iloc[0]) if "prompt" in df else ""
 
 
 def markdown(table, name, reference, best, headline, missing, pictures) -> str:
