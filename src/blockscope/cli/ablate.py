@@ -22,12 +22,10 @@ from blockscope.cli.common import (
     app,
     err,
     handled,
-    load,
-    model_record,
     out,
+    passage_run,
     write,
 )
-from blockscope.errors import BlockscopeError
 
 
 class Part(str, Enum):
@@ -98,19 +96,13 @@ def ablate(
     Example: blockscope ablate --text data/alice.txt --max-tokens 469
     """
     from blockscope import ablate as experiment
-    from blockscope.loading import spec_for
     from blockscope.render import progress_bar
-    from blockscope.results import check_out_dir, sidecar
-    from blockscope.text import read_passage, tokenize
 
     started = time.perf_counter()
-    if max_tokens is not None and max_tokens < 2:
-        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
-    passage = read_passage(text)
-    spec = spec_for(model, device=device, dtype=dtype.value)
-    out_path = check_out_dir(out_dir)
-    lm = load(spec, allow_pickle, quiet)
-    tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
+                      prepend_bos=prepend_bos, stride=stride, out_dir=out_dir,
+                      allow_pickle=allow_pickle, quiet=quiet)
+    spec, passage, lm, tokens = run.spec, run.passage, run.model, run.tokens
     with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", not quiet) as step:
         df = experiment.block_ablation(
             lm, tokens, part=part.value, method=method.value, stride=stride,
@@ -126,22 +118,13 @@ def ablate(
                   f"{correlations['angular_distance']:+.2f}", highlight=False)
     suffix = "" if part is Part.block else f"-{part.value}"
     suffix += "" if method is Method.zero else f"-{method.value}"
-    meta = sidecar(
-        command="ablate",
-        model=model_record(spec),
-        text={"path": str(passage.path), "sha256": passage.sha256},
-        n_tokens=n_text,
+    meta = run.meta(
+        "ablate",
         n_scored=int(df.loc[0, "n_scored"]),
-        prepend_bos=prepend_bos,
-        max_tokens=max_tokens,
-        dtype=spec.dtype,
-        device=spec.device,
         part=part.value,
         method=method.value,
         engine=engine.value,
         batch_size=batch_size or "default",
-        window={"n_ctx": lm.cfg.n_ctx, "stride": stride or max(1, lm.cfg.n_ctx // 2)},
-        perplexity="exp(mean next-token NLL over every scored token)",
         block_metrics="cosine of each block's input and output per token (all but the first "
         "token): block_influence = 1 - mean cos (ShortGPT), angular_distance = mean "
         "arccos(cos)/pi (Gromov et al.)",
@@ -158,7 +141,7 @@ def ablate(
         extra[f"{stem}.png"] = ablation_plot(
             df, f"{spec.name} on {passage.path.name} ({n_text} tokens): perplexity with {what}"
             f"{' (mean)' if method is Method.mean else ''}")
-    write(out_path, stem, {"": df}, meta, quiet, extra=extra)
+    write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
 
 
 def ablation_table(df, title: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -124,6 +125,53 @@ def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
     if not prompt.strip():
         raise BlockscopeError("the prompt is empty")
     return prompt, {"prompt": prompt}
+
+
+@dataclass
+class PassageRun:
+    """What ablate and prune-heads share: a validated passage, a loaded model, its tokens."""
+
+    passage: object  # text.Passage
+    spec: object  # loading.ModelSpec
+    out_dir: Path  # checked writable, not yet created
+    model: object  # TransformerBridge
+    tokens: object  # (1, pos) token ids
+    prepend_bos: bool
+    max_tokens: int | None
+    stride: int | None
+
+    def meta(self, command: str, **more) -> dict:
+        """The sidecar fields every passage command records, plus `more`."""
+        from blockscope.results import sidecar
+
+        n_ctx = self.model.cfg.n_ctx
+        return sidecar(
+            command=command, model=model_record(self.spec),
+            text={"path": str(self.passage.path), "sha256": self.passage.sha256},
+            n_tokens=int(self.tokens.shape[-1]) - int(self.prepend_bos),
+            prepend_bos=self.prepend_bos, max_tokens=self.max_tokens, dtype=self.spec.dtype,
+            device=self.spec.device,
+            window={"n_ctx": n_ctx, "stride": self.stride or max(1, n_ctx // 2)},
+            perplexity="exp(mean next-token NLL over every scored token)", **more)
+
+
+def passage_run(text: Path, model: str, *, device: str, dtype: str, max_tokens: int | None,
+                prepend_bos: bool, stride: int | None, out_dir: Path, allow_pickle: bool,
+                quiet: bool) -> PassageRun:
+    """Validate everything cheap first (text, options, device, out-dir), then load and
+    tokenize: bad input fails before the model loads."""
+    from blockscope.loading import spec_for
+    from blockscope.results import check_out_dir
+    from blockscope.text import read_passage, tokenize
+
+    if max_tokens is not None and max_tokens < 2:
+        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
+    passage = read_passage(text)
+    spec = spec_for(model, device=device, dtype=dtype)
+    out_path = check_out_dir(out_dir)
+    lm = load(spec, allow_pickle, quiet)
+    tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    return PassageRun(passage, spec, out_path, lm, tokens, prepend_bos, max_tokens, stride)
 
 
 def comma_list(text: str | None, option: str, kind: type = float) -> list | None:

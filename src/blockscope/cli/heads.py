@@ -33,9 +33,8 @@ from blockscope.cli.common import (
     comma_list,
     err,
     handled,
-    load,
-    model_record,
     out,
+    passage_run,
     status,
     write,
 )
@@ -86,10 +85,7 @@ def prune_heads(
     per layer. Example: blockscope prune-heads --text data/alice.txt --max-tokens 469
     """
     from blockscope import heads as experiment
-    from blockscope.loading import spec_for
     from blockscope.render import progress_bar
-    from blockscope.results import check_out_dir, sidecar
-    from blockscope.text import read_passage, tokenize
 
     started = time.perf_counter()
     orders = [o.value for o in (order or [Order.gradient])]
@@ -98,14 +94,10 @@ def prune_heads(
         raise BlockscopeError("--order ablation ranks every head: drop --layers/--heads")
     for o in orders:
         experiment.check_pruning(o, step)
-    if max_tokens is not None and max_tokens < 2:
-        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
-    passage = read_passage(text)
-    spec = spec_for(model, device=device, dtype=dtype.value)
-    out_path = check_out_dir(out_dir)
-    lm = load(spec, allow_pickle, quiet)
-    cfg = lm.cfg
-    tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
+                      prepend_bos=prepend_bos, stride=stride, out_dir=out_dir,
+                      allow_pickle=allow_pickle, quiet=quiet)
+    spec, passage, lm, tokens, cfg = run.spec, run.passage, run.model, run.tokens, run.model.cfg
     n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
     kw = dict(method=method.value, stride=stride, engine=engine.value)
     with progress_bar(err, n_sweep + 1, "ablating heads one at a time", not quiet) as tick:
@@ -134,15 +126,11 @@ def prune_heads(
                  for o, r in headline.items()]
     if not quiet:
         render(per_head, curves, one, sentences, spec.name, cfg)
-    meta = sidecar(
-        command="prune-heads", model=model_record(spec),
-        text={"path": str(passage.path), "sha256": passage.sha256},
-        n_tokens=int(tokens.shape[-1]) - int(prepend_bos), n_scored=int(curve.loc[0, "n_scored"]),
-        prepend_bos=prepend_bos, max_tokens=max_tokens, dtype=spec.dtype, device=spec.device,
-        method=method.value, engine=engine.value, batch_size=batch_size or "default",
+    meta = run.meta(
+        "prune-heads", n_scored=int(curve.loc[0, "n_scored"]), method=method.value,
+        engine=engine.value, batch_size=batch_size or "default",
         orders=orders, step=step, tolerance=tolerance, seed=seed,
         layers=layer_ids, heads=head_ids,
-        window={"n_ctx": cfg.n_ctx, "stride": stride or max(1, cfg.n_ctx // 2)},
         importance="|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
         gradient_order="normalised importance re-computed after every step",
         one_head_per_layer="kept head = the layer's highest gradient importance",
@@ -158,7 +146,7 @@ def prune_heads(
         extra[f"{stem}.png"] = prune_heads_plot(
             per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads, tolerance=tolerance,
             title=f"{spec.name} on {passage.path.name}: which heads matter")
-    write(out_path, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet,
+    write(run.out_dir, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet,
           extra=extra)
 
 
