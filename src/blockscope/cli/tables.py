@@ -94,7 +94,7 @@ def layernorm(
 ) -> None:
     """Layer normalization worked step by step, checked against torch's layer_norm.
 
-    Example: blockscope layernorm 2 4 6 8   (use -- before negative numbers: -- -1 2 3)
+    Example: blockscope layernorm 2 4 6 8   (options first, then -- before negatives: -- -1 2 3)
     """
     from blockscope.layernorm import layer_norm_steps
     from blockscope.render import fmt
