@@ -79,6 +79,11 @@ name = "norm after block 1"
 article = "56.5"
 measure = "resid.block 1"
 [[figure]]
+experiment = "resid-norm"
+name = "norm after block 6"
+article = "73.4"
+measure = "resid.block 6"
+[[figure]]
 experiment = "params"
 name = "GPT-2 small: total"
 article = "124,439,808"
@@ -103,7 +108,8 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
                       strict=True))
     assert status["GPT-2 small: total|"] == "matches" and status["std|"] == "matches"
     assert status["baseline perplexity|"] == "differs"  # a random tiny model is no GPT-2
-    resid = table[table["experiment"] == "resid-norm"]
+    assert status["norm after block 6|"] == "not in this model"  # it has 3 blocks
+    resid = table[(table["experiment"] == "resid-norm") & table["measured"].notna()]
     assert sorted(resid["variant"]) == sorted(["no BOS, raw weights", "BOS, raw weights",
                                                "no BOS, processed weights",
                                                "BOS, processed weights"])
