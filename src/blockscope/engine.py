@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from blockscope.interventions import Hook, applied
-from blockscope.sweep import nll_from_logits, perplexity_row
+from blockscope.sweep import nll_from_logits, perplexity_row, with_change
 from blockscope.text import Window
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
@@ -236,10 +236,7 @@ def engine_sweep(
     records = [{"variant": "baseline", **perplexity_row(torch.cat(baseline))}]
     records += [{"variant": "ablated", **v.label, **perplexity_row(torch.cat(n))}
                 for v, n in zip(variants, nlls, strict=True)]
-    df = pd.DataFrame(records)
-    df["delta"] = df["perplexity"] - df.loc[0, "perplexity"]
-    df["ratio"] = df["perplexity"] / df.loc[0, "perplexity"]
-    return df
+    return with_change(records)
 
 
 def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:

@@ -28,6 +28,7 @@ from blockscope.sweep import (
     sweep,
     token_nll,
     window_nll,
+    with_change,
 )
 
 ORDERS = ("gradient", "ablation", "random")
@@ -199,12 +200,9 @@ def pruning_curve(
         if progress:
             progress(total=len(records) + _steps_left(n_total - removed, step))
             progress()
-    df = pd.DataFrame(records)
+    df = with_change(records)
     df.insert(0, "order", order)
     df.insert(3, "share_removed", df["heads_removed"] / n_total)
-    base = df.loc[0, "perplexity"]
-    df["delta"] = df["perplexity"] - base
-    df["ratio"] = df["perplexity"] / base
     return df
 
 

@@ -1,7 +1,8 @@
-"""Score a passage under interventions: the generic sweep every experiment runs on.
+"""Score a passage under interventions: windows, NLL, and the naive reference sweep.
 
 `sweep(model, tokens, variants)` scores the clean model and each variant (a label plus a hook
-list) over the same sliding windows and returns one DataFrame row per variant.
+list) with one hooked forward per variant over the same sliding windows, and returns one
+DataFrame row per variant. The cached engine (engine.py) must give the same table.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ class Variant:
     hooks: list[Hook] = field(default_factory=list)  # TransformerLens fwd hooks
 
 
+def default_stride(n_ctx: int) -> int:
+    """The sliding-window stride when none is given: half the context."""
+    return max(1, n_ctx // 2)
+
+
 def model_windows(model, tokens: torch.Tensor, stride: int | None) -> list[Window]:
     """Windows of the model's context length; default stride half of it."""
     n_ctx = model.cfg.n_ctx
-    return windows(tokens.shape[-1], n_ctx, stride or max(1, n_ctx // 2))
+    return windows(tokens.shape[-1], n_ctx, stride or default_stride(n_ctx))
 
 
 def window_nll(model, tokens: torch.Tensor, w: Window) -> torch.Tensor:
@@ -76,6 +82,15 @@ def perplexity_row(nll: torch.Tensor) -> dict:
     return {"n_scored": int(nll.numel()), "nll": mean, "perplexity": math.exp(mean)}
 
 
+def with_change(rows: list[dict]) -> pd.DataFrame:
+    """Rows as a DataFrame, with each perplexity's change and ratio against the first row's."""
+    df = pd.DataFrame(rows)
+    base = df.loc[0, "perplexity"]
+    df["delta"] = df["perplexity"] - base
+    df["ratio"] = df["perplexity"] / base
+    return df
+
+
 def sweep(
     model,
     tokens: torch.Tensor,
@@ -99,8 +114,4 @@ def sweep(
         rows.append({"variant": "ablated", **v.label, **perplexity_row(nll)})
         if progress:
             progress()
-    df = pd.DataFrame(rows)
-    base = df.loc[0, "perplexity"]
-    df["delta"] = df["perplexity"] - base
-    df["ratio"] = df["perplexity"] / base
-    return df
+    return with_change(rows)

@@ -143,6 +143,7 @@ class PassageRun:
     def meta(self, command: str, **more) -> dict:
         """The sidecar fields every passage command records, plus `more`."""
         from blockscope.results import sidecar
+        from blockscope.sweep import default_stride
 
         n_ctx = self.model.cfg.n_ctx
         return sidecar(
@@ -151,7 +152,7 @@ class PassageRun:
             n_tokens=int(self.tokens.shape[-1]) - int(self.prepend_bos),
             prepend_bos=self.prepend_bos, max_tokens=self.max_tokens, dtype=self.spec.dtype,
             device=self.spec.device,
-            window={"n_ctx": n_ctx, "stride": self.stride or max(1, n_ctx // 2)},
+            window={"n_ctx": n_ctx, "stride": self.stride or default_stride(n_ctx)},
             perplexity="exp(mean next-token NLL over every scored token)", **more)
 
 
