@@ -11,8 +11,10 @@ each block (causal mask, positions). A variant then enters the stack where it fi
   mid residual;
 - any other intervention (a hook list) runs from a given layer with its hooks on.
 
-Variants that start at the same point with no hooks are stacked into one batch. The blocks
-are the model's own TransformerLens bridge blocks, so hook points inside them still fire.
+Variants that start at the same point with no hooks are stacked into one batch. A block
+that holds a hook (a variant's or anyone's) runs as the model's own TransformerLens bridge
+block, so its hook points fire; one that holds none runs as plain torch calls on the same
+weights (`replay.py`: fused attention), once that replay has matched the clean pass.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from blockscope import replay
 from blockscope.interventions import Hook, applied
 from blockscope.sweep import nll_from_logits, perplexity_row, with_change
 from blockscope.text import Window
@@ -113,20 +116,41 @@ def fused_gelu(model) -> Iterator[None]:
             mlp.act = act
 
 
-def run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool = False) -> list:
+def plain_blocks(model, clean: Clean) -> list[replay.Parts] | None:
+    """Each block's modules for the plain replay, if every block is one `replay` knows and
+    the last block's plain replay of the clean pass gives the clean output; else None."""
+    found = [replay.parts(b) for b in model.blocks]
+    if any(p is None for p in found):
+        return None
+    with torch.inference_mode():
+        if not replay.agrees(found[-1], clean.pre[-2], clean.pre[-1]):
+            return None
+    return found
+
+
+def run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool = False,
+             plain: list[replay.Parts] | None = None) -> list:
     """NLL rows for a batch `x` (B, T, d_model) entering block `layer` (after attention if
-    `mid`), through the rest of the stack, the final norm and the unembedding."""
+    `mid`), through the rest of the stack, the final norm and the unembedding. Blocks with
+    no hooks run as plain torch calls if `plain` (from `plain_blocks`) is given."""
     with fused_gelu(model):
-        return _run_from(model, clean, x, layer, mid)
+        return _run_from(model, clean, x, layer, mid, plain)
 
 
-def _run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool) -> list:
+def _run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool, plain) -> list:
     blocks = model.blocks
-    if mid:
-        block = blocks[layer]
-        x = x + block.mlp(block.ln2(x))  # the MLP half of block `layer`
+
+    def fast(j):
+        return plain[j] if plain is not None and not replay.hooked(blocks[j]) else None
+
+    if mid:  # the MLP half of block `layer`
+        block, p = blocks[layer], fast(layer)
+        x = replay.mlp_half(p, x) if p else x + block.mlp(block.ln2(x))
         layer += 1
     for j in range(layer, len(blocks)):
+        if p := fast(j):
+            x = replay.block_forward(p, x)
+            continue
         args, kwargs = clean.replay[j]
         out = blocks[j](x, *args, **kwargs)
         x = out[0] if isinstance(out, tuple) else out
@@ -219,13 +243,14 @@ def engine_sweep(
         if on_clean:
             on_clean(clean)
         baseline.append(clean.nll.double().cpu())
+        plain = plain_blocks(model, clean)
         size = batch_size or default_batch_size(model, w.end - w.begin)
         for group in _groups(variants, size):
             with torch.inference_mode():
                 first = variants[group[0]]
                 with applied(model, first.hooks):
                     x = torch.cat([variants[i].resid(clean) for i in group])  # (B, T, d)
-                    rows = run_from(model, clean, x, first.layer, first.mid)
+                    rows = run_from(model, clean, x, first.layer, first.mid, plain)
             for i, row in zip(group, rows, strict=True):
                 nlls[i].append(row)
             if progress:

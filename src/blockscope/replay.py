@@ -1,0 +1,122 @@
+"""GPT-2 blocks as plain torch calls, for the engine's replays of blocks nobody hooks.
+
+The bridge's attention computes scores, mask, softmax and pattern one step at a time so that
+its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When no module of a block
+holds a hook, the engine runs the same function here instead: the bridge's own weights (read
+at every call, so nothing goes stale), torch's fused `scaled_dot_product_attention` (causal)
+and tanh GELU. On the CPU that is about 20% faster a block, equal to float rounding; the
+engine checks the agreement on every clean pass (`agrees`) and otherwise keeps the bridge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as torch_module
+
+
+@dataclass
+class Parts:
+    """One GPT-2 block's modules, as the bridge calls them."""
+
+    ln_1: torch.nn.LayerNorm
+    q: torch.nn.Linear  # (d_model -> n_heads * d_head), as are k and v
+    k: torch.nn.Linear
+    v: torch.nn.Linear
+    o: torch.nn.Module  # HF Conv1D (n_heads * d_head -> d_model)
+    scale: float  # attention scores are multiplied by this
+    n_heads: int
+    ln_2: torch.nn.LayerNorm
+    c_fc: torch.nn.Module  # HF Conv1D (d_model -> d_mlp)
+    act: torch.nn.Module
+    c_proj: torch.nn.Module  # HF Conv1D (d_mlp -> d_model)
+
+
+def _inner(bridge):
+    return getattr(bridge, "original_component", None)
+
+
+def parts(block) -> Parts | None:
+    """The modules of a bridged GPT-2 block in eval mode, or None if it is anything else."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, GPT2Attention, GPT2Block
+
+    hf = _inner(block)
+    if block.training or not isinstance(hf, GPT2Block):
+        return None
+    if getattr(hf, "crossattention", None) is not None:
+        return None
+    attn, mlp = hf.attn, _inner(hf.mlp)
+    hf_attn = _inner(attn)
+    if not isinstance(hf_attn, GPT2Attention) or not isinstance(mlp, GPT2MLP):
+        return None
+    if hf_attn.reorder_and_upcast_attn or hf_attn.is_cross_attention:
+        return None
+    mods = [_inner(getattr(attn, n, None)) for n in ("q", "k", "v", "o")]
+    mods += [_inner(hf.ln_1), _inner(hf.ln_2), _inner(mlp.c_fc), _inner(mlp.c_proj)]
+    if any(m is None for m in mods) or not all(isinstance(m, torch.nn.Linear) for m in mods[:3]):
+        return None
+    if not all(isinstance(m, torch.nn.LayerNorm) for m in mods[4:6]):
+        return None
+    q, k, v, o, ln_1, ln_2, c_fc, c_proj = mods
+    scale = hf_attn.head_dim**-0.5  # as the bridge's attention, which always scales
+    if hf_attn.scale_attn_by_inverse_layer_idx:
+        scale /= float(hf_attn.layer_idx + 1)
+    return Parts(ln_1, q, k, v, o, scale, hf_attn.num_heads, ln_2, c_fc, mlp.act, c_proj)
+
+
+def hooked(block) -> bool:
+    """Whether a hook would fire inside `block`: one on any of its TransformerLens hook
+    points (however it was added: `model.hooks`, `run_with_hooks`, `add_hook`), or a global
+    torch module hook. The bridge's own capture pre-hooks on its norms do not count: they
+    only feed hook points."""
+    from transformer_lens.hook_points import HookPoint
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks
+               for m in block.modules() if isinstance(m, HookPoint))
+
+
+def _layer_norm(ln: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+def attn_half(p: Parts, x: torch.Tensor) -> torch.Tensor:
+    """x + attention(ln_1(x)) for x (B, T, d_model), causal."""
+    B, T, _ = x.shape
+    h = _layer_norm(p.ln_1, x)  # (B, T, d_model)
+
+    def heads(linear):
+        return linear(h).view(B, T, p.n_heads, -1).transpose(1, 2)  # (B, n_heads, T, d_head)
+
+    z = F.scaled_dot_product_attention(heads(p.q), heads(p.k), heads(p.v), is_causal=True,
+                                       scale=p.scale)  # (B, n_heads, T, d_head)
+    return x + p.o(z.transpose(1, 2).reshape(B, T, -1))
+
+
+def mlp_half(p: Parts, x: torch.Tensor) -> torch.Tensor:
+    """x + mlp(ln_2(x)); GPT-2's NewGELU runs as torch's fused tanh GELU (same function)."""
+    from transformers.activations import NewGELUActivation
+
+    hidden = p.c_fc(_layer_norm(p.ln_2, x))  # (B, T, d_mlp)
+    if isinstance(p.act, NewGELUActivation):
+        hidden = F.gelu(hidden, approximate="tanh")
+    else:
+        hidden = p.act(hidden)
+    return x + p.c_proj(hidden)
+
+
+def block_forward(p: Parts, x: torch.Tensor) -> torch.Tensor:
+    """One whole block: (B, T, d_model) -> (B, T, d_model)."""
+    return mlp_half(p, attn_half(p, x))
+
+
+def agrees(p: Parts | None, x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether this block's plain replay of input `x` gives the bridge's output `out`."""
+    if p is None:
+        return False
+    got = block_forward(p, x)
+    scale = out.abs().max().clamp_min(1e-12)
+    return bool(((got - out).abs().max() / scale) < 1e-4)

@@ -1,0 +1,88 @@
+"""The plain replay of GPT-2 blocks is the HF block's function, and steps aside for hooks."""
+
+import pytest
+import torch
+
+from blockscope import engine, replay
+from blockscope.ablate import block_ablation
+from blockscope.engine import Start, clean_pass, engine_sweep, plain_blocks
+from blockscope.interventions import applied
+from blockscope.sweep import model_windows, perplexity_row, token_nll
+from blockscope.text import tokenize
+
+REL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ids(tiny, alice_text):
+    return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=60)
+
+
+@pytest.fixture(scope="module")
+def clean(tiny, ids):
+    return clean_pass(tiny, ids, model_windows(tiny, ids, None)[0])
+
+
+def close(a, b):
+    return torch.allclose(a, b, rtol=REL, atol=REL * float(b.abs().max()))
+
+
+def test_blocks_equal_the_hf_blocks(tiny, hf, ids):
+    """Each plain block maps HF's hidden state k to HF's hidden state k + 1."""
+    with torch.inference_mode():
+        hidden = hf(ids, output_hidden_states=True, use_cache=False).hidden_states
+        for k in range(tiny.cfg.n_layers - 1):  # HF's last hidden state is after ln_f
+            p = replay.parts(tiny.blocks[k])
+            assert p is not None
+            assert close(replay.block_forward(p, hidden[k]), hidden[k + 1])
+
+
+def test_halves_equal_the_bridge_clean_pass(tiny, clean):
+    with torch.inference_mode():
+        for k, block in enumerate(tiny.blocks):
+            p = replay.parts(block)
+            mid = replay.attn_half(p, clean.pre[k])
+            assert close(mid, clean.mid[k])
+            assert close(replay.mlp_half(p, clean.mid[k]), clean.pre[k + 1])
+            batch = torch.cat([clean.pre[k], 2 * clean.pre[k]])  # (2, T, d_model)
+            assert close(replay.block_forward(p, batch)[:1], clean.pre[k + 1])
+
+
+def test_the_engine_replays_gpt2_blocks_plainly(tiny, ids, clean, monkeypatch):
+    """So the engine-equals-naive tests cover the plain replay."""
+    assert plain_blocks(tiny, clean) is not None
+    calls = []
+    real = replay.block_forward
+    monkeypatch.setattr(replay, "block_forward", lambda p, x: calls.append(1) or real(p, x))
+    block_ablation(tiny, ids, layers=[0])
+    assert len(calls) == 1 + (tiny.cfg.n_layers - 1)  # the agreement check, blocks 1..
+
+
+def test_a_block_that_holds_a_hook_runs_as_the_bridge(tiny, ids, clean):
+    hooks = [("blocks.1.attn.hook_pattern", lambda p, hook=None: torch.ones_like(p).tril()
+              / torch.ones_like(p).tril().sum(-1, keepdim=True))]  # uniform causal attention
+    assert not any(replay.hooked(b) for b in tiny.blocks)
+    with applied(tiny, hooks):
+        assert [replay.hooked(b) for b in tiny.blocks] == [False, True, False]
+    wins = model_windows(tiny, ids, None)
+    start = Start({}, 1, lambda c: c.pre[1], hooks=hooks)
+    fast = engine_sweep(tiny, ids, [start], wins=wins).loc[1, "perplexity"]
+    with applied(tiny, hooks):
+        naive = perplexity_row(token_nll(tiny, ids, wins))["perplexity"]
+    assert fast == pytest.approx(naive, rel=REL)
+    assert fast != pytest.approx(perplexity_row(token_nll(tiny, ids, wins))["perplexity"])
+
+
+def test_no_plain_replay_when_it_disagrees_or_in_training_mode(tiny, clean, monkeypatch):
+    p = replay.parts(tiny.blocks[-1])
+    with torch.inference_mode():
+        assert replay.agrees(p, clean.pre[-2], clean.pre[-1])
+        assert not replay.agrees(p, clean.pre[-2], 1.01 * clean.pre[-1])
+    monkeypatch.setattr(engine.replay, "agrees", lambda *a: False)
+    assert plain_blocks(tiny, clean) is None
+    monkeypatch.undo()
+    tiny.train()
+    try:
+        assert plain_blocks(tiny, clean) is None
+    finally:
+        tiny.eval()
