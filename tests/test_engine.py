@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from blockscope.ablate import block_ablation
-from blockscope.engine import clean_pass, default_batch_size
+from blockscope.engine import CPU_BATCH, clean_pass, default_batch_size
 from blockscope.heads import head_importance, one_head_per_layer, pruning_curve
 from blockscope.heads import single_head_ablation as heads_sweep
 from blockscope.sweep import model_windows, token_nll
@@ -81,7 +81,10 @@ def test_default_batch_size(tiny):
 
     assert 1 <= default_batch_size(Small, 470) <= 16
     assert default_batch_size(Small, 1024) < default_batch_size(Small, 470)
-    assert default_batch_size(tiny, 60) == 1  # on the CPU batching measured no faster
+    assert default_batch_size(tiny, 60) == 1  # through the bridge's blocks on the CPU
+    assert default_batch_size(tiny, 60, plain=True) == CPU_BATCH
+    Cfg.device = "cpu"
+    assert default_batch_size(Small, 4096, plain=True) < CPU_BATCH  # the memory budget
 
 
 def test_fused_gelu_is_swapped_back(tiny, ids):
@@ -104,3 +107,27 @@ def test_hooks_on_the_unembedding_are_honoured(tiny, ids):
         naive = perplexity_row(token_nll(tiny, ids, wins))["perplexity"]
     assert fast == pytest.approx(naive, rel=REL)
     assert fast != pytest.approx(perplexity_row(token_nll(tiny, ids, wins))["perplexity"])
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
+    """Variants entering at every block, before or after its attention, in one growing
+    batch: clean residuals give the baseline; perturbed ones what they give one at a time."""
+    from blockscope import engine
+    from blockscope.engine import Start, engine_sweep
+
+    if not plain:
+        monkeypatch.setattr(engine, "plain_blocks", lambda *a: None)
+    n, wins = tiny.cfg.n_layers, model_windows(tiny, ids, 100)
+
+    def starts(scale):
+        out = [Start({"k": k, "mid": m}, k, lambda c, k=k, m=m: scale * (c.mid if m else c.pre)[k],
+                     mid=m) for k in range(n) for m in (True, False)]  # mixed order on purpose
+        return out + [Start({"k": n, "mid": False}, n, lambda c: scale * c.pre[n])]
+
+    clean = engine_sweep(tiny, ids, starts(1.0), wins=wins, batch_size=2 * n + 1)
+    ppl = torch.tensor(clean["perplexity"].tolist(), dtype=torch.float64)
+    assert torch.allclose(ppl, ppl[0].expand_as(ppl), rtol=REL, atol=0)
+    batched = engine_sweep(tiny, ids, starts(1.3), wins=wins, batch_size=2 * n + 1)
+    same(batched, engine_sweep(tiny, ids, starts(1.3), wins=wins, batch_size=1))
+    assert (batched["ratio"].iloc[1:-1] - 1).abs().min() > 1e-3  # (ln_final undoes a scale)

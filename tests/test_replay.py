@@ -52,8 +52,8 @@ def test_the_engine_replays_gpt2_blocks_plainly(tiny, ids, clean, monkeypatch):
     """So the engine-equals-naive tests cover the plain replay."""
     assert plain_blocks(tiny, clean) is not None
     calls = []
-    real = replay.block_forward
-    monkeypatch.setattr(replay, "block_forward", lambda p, x: calls.append(1) or real(p, x))
+    real = replay.mlp_half
+    monkeypatch.setattr(replay, "mlp_half", lambda p, x: calls.append(1) or real(p, x))
     block_ablation(tiny, ids, layers=[0])
     assert len(calls) == 1 + (tiny.cfg.n_layers - 1)  # the agreement check, blocks 1..
 

@@ -11,10 +11,11 @@ each block (causal mask, positions). A variant then enters the stack where it fi
   mid residual;
 - any other intervention (a hook list) runs from a given layer with its hooks on.
 
-Variants that start at the same point with no hooks are stacked into one batch. A block
-that holds a hook (a variant's or anyone's) runs as the model's own TransformerLens bridge
-block, so its hook points fire; one that holds none runs as plain torch calls on the same
-weights (`replay.py`: fused attention), once that replay has matched the clean pass.
+Consecutive variants with no hooks run as one batch that grows block by block as each
+joins at its own entry point. A block that holds a hook (a variant's or anyone's) runs as
+the model's own TransformerLens bridge block, so its hook points fire; one that holds none
+runs as plain torch calls on the same weights (`replay.py`: fused attention), once that
+replay has matched the clean pass.
 """
 
 from __future__ import annotations
@@ -128,67 +129,43 @@ def plain_blocks(model, clean: Clean) -> list[replay.Parts] | None:
     return found
 
 
-def run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool = False,
-             plain: list[replay.Parts] | None = None) -> list:
-    """NLL rows for a batch `x` (B, T, d_model) entering block `layer` (after attention if
-    `mid`), through the rest of the stack, the final norm and the unembedding. Blocks with
-    no hooks run as plain torch calls if `plain` (from `plain_blocks`) is given."""
+def run_group(model, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],
+              plain: list[replay.Parts] | None = None) -> list[torch.Tensor]:
+    """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x)`: block
+    `layer` (its MLP half if `mid`) with residual x (1, T, d_model). They run as one batch
+    that grows block by block as variants join it, then the final norm and unembedding.
+    Blocks with no hooks run as plain torch calls if `plain` (`plain_blocks`) is given."""
+    blocks, order = model.blocks, []
+
+    def join(x, mid, j):
+        idx = [i for i, (layer, m, _) in enumerate(entries) if (layer, m) == (j, mid)]
+        order.extend(idx)
+        new = [entries[i][2] for i in idx]
+        return x if not new else torch.cat(([] if x is None else [x]) + new)  # (B, T, d)
+
+    x = None
     with fused_gelu(model):
-        return _run_from(model, clean, x, layer, mid, plain)
-
-
-def _run_from(model, clean: Clean, x: torch.Tensor, layer: int, mid: bool, plain) -> list:
-    blocks = model.blocks
-
-    def fast(j):
-        return plain[j] if plain is not None and not replay.hooked(blocks[j]) else None
-
-    if mid:  # the MLP half of block `layer`
-        block, p = blocks[layer], fast(layer)
-        x = replay.mlp_half(p, x) if p else x + block.mlp(block.ln2(x))
-        layer += 1
-    for j in range(layer, len(blocks)):
-        if p := fast(j):
-            x = replay.block_forward(p, x)
-            continue
-        args, kwargs = clean.replay[j]
-        out = blocks[j](x, *args, **kwargs)
-        x = out[0] if isinstance(out, tuple) else out
-    rows = []
-    for b in range(x.shape[0]):  # one element at a time: the logits are T x d_vocab each
-        rows.append(_final_nll(model, x[b : b + 1], clean).double().cpu())
+        for j in range(min(e[0] for e in entries), len(blocks)):
+            x = join(x, False, j)
+            p = plain[j] if plain is not None and not replay.hooked(blocks[j]) else None
+            if p is not None:
+                x = join(None if x is None else replay.attn_half(p, x), True, j)
+                x = None if x is None else replay.mlp_half(p, x)
+                continue
+            if x is not None:
+                args, kwargs = clean.replay[j]
+                out = blocks[j](x, *args, **kwargs)
+                x = out[0] if isinstance(out, tuple) else out
+            m = join(None, True, j)  # entering after attention: the MLP half only
+            if m is not None:
+                m = m + blocks[j].mlp(blocks[j].ln2(m))
+                x = m if x is None else torch.cat([x, m])
+        x = join(x, False, len(blocks))
+        nll = replay.final_nll(model, x, clean.chunk, clean.window)  # (B, n_scored)
+    rows: list = [None] * len(entries)
+    for i, row in zip(order, nll, strict=True):
+        rows[i] = row.double().cpu()
     return rows
-
-
-VOCAB_CHUNK = 4096  # unembedding rows per matmul: the logits chunk stays in cache
-
-
-def _final_nll(model, x: torch.Tensor, clean: Clean) -> torch.Tensor:
-    """NLL from the final residual `x` (1, T, d_model): ln_final, then the unembedding in
-    vocabulary chunks with a running logsumexp, never materialising T x d_vocab logits.
-    Falls back to the bridge's own unembed when hooks sit on it."""
-    normed = model.ln_final(x)[0]  # (T, d_model)
-    unembed = model.unembed
-    linear = getattr(unembed, "original_component", None)
-    if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
-            or unembed.hook_out.has_hooks()):
-        return nll_from_logits(unembed(normed[None])[0], clean.chunk, clean.window)
-    w = clean.window
-    lo = w.first_target - w.begin
-    h = normed[lo - 1 : -1]  # (n_scored, d_model): positions that predict the targets
-    targets = clean.chunk[0, lo:]  # (n_scored,)
-    weight, bias = linear.weight, linear.bias  # (d_vocab, d_model), (d_vocab,) or None
-    lse = None
-    for s in range(0, weight.shape[0], VOCAB_CHUNK):
-        part = h @ weight[s : s + VOCAB_CHUNK].T  # (n_scored, chunk)
-        if bias is not None:
-            part += bias[s : s + VOCAB_CHUNK]
-        chunk_lse = torch.logsumexp(part.float(), dim=-1)
-        lse = chunk_lse if lse is None else torch.logaddexp(lse, chunk_lse)
-    target = (h * weight[targets]).sum(-1)  # (n_scored,) the target logits
-    if bias is not None:
-        target = target + bias[targets]
-    return lse - target.float()
 
 
 def cached_means(clean: Clean) -> dict[str, torch.Tensor]:
@@ -209,15 +186,20 @@ def cached_means(clean: Clean) -> dict[str, torch.Tensor]:
     return out
 
 
-def default_batch_size(model, n_tokens: int) -> int:
-    """Variants per batch: 1 on the CPU, where stacking variants measured no faster (the
-    matmuls are already large; see benchmarks/); elsewhere as many as keep one batch's
-    activations near BUDGET_BYTES."""
+CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchmarks/)
+
+
+def default_batch_size(model, n_tokens: int, plain: bool = False) -> int:
+    """Variants per batch. On the CPU: CPU_BATCH with the plain replay (batches of 3-6
+    measured about 8% faster than one at a time on GPT-2 small), 1 through the bridge's
+    blocks (stacking measured slower there). Elsewhere: as many as keep one batch's
+    activations near BUDGET_BYTES; never more than that on the CPU either."""
     cfg = model.cfg
-    if str(getattr(cfg, "device", "cpu")).startswith("cpu"):
-        return 1
     per_token = 4 * (3 * cfg.n_heads * n_tokens + 2 * cfg.d_mlp + 6 * cfg.d_model)
-    return max(1, min(16, BUDGET_BYTES // max(1, per_token * n_tokens)))
+    budget = max(1, min(16, BUDGET_BYTES // max(1, per_token * n_tokens)))
+    if str(getattr(cfg, "device", "cpu")).startswith("cpu"):
+        return min(budget, CPU_BATCH) if plain else 1
+    return budget
 
 
 def engine_sweep(
@@ -244,13 +226,12 @@ def engine_sweep(
             on_clean(clean)
         baseline.append(clean.nll.double().cpu())
         plain = plain_blocks(model, clean)
-        size = batch_size or default_batch_size(model, w.end - w.begin)
+        size = batch_size or default_batch_size(model, w.end - w.begin, plain is not None)
         for group in _groups(variants, size):
-            with torch.inference_mode():
-                first = variants[group[0]]
-                with applied(model, first.hooks):
-                    x = torch.cat([variants[i].resid(clean) for i in group])  # (B, T, d)
-                    rows = run_from(model, clean, x, first.layer, first.mid, plain)
+            with torch.inference_mode(), applied(model, variants[group[0]].hooks):
+                entries = [(variants[i].layer, variants[i].mid, variants[i].resid(clean))
+                           for i in group]
+                rows = run_group(model, clean, entries, plain)
             for i, row in zip(group, rows, strict=True):
                 nlls[i].append(row)
             if progress:
@@ -265,12 +246,11 @@ def engine_sweep(
 
 
 def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:
-    """Consecutive variants with one entry point and no hooks, in batches of `size`."""
+    """Consecutive variants without hooks in batches of `size`; one with hooks alone."""
     groups: list[list[int]] = []
     for i, v in enumerate(variants):
         last = variants[groups[-1][0]] if groups else None
-        if (last is not None and not v.hooks and not last.hooks and len(groups[-1]) < size
-                and (v.layer, v.mid) == (last.layer, last.mid)):
+        if last is not None and not v.hooks and not last.hooks and len(groups[-1]) < size:
             groups[-1].append(i)
         else:
             groups.append([i])

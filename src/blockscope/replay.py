@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
+from blockscope.sweep import nll_from_logits
+from blockscope.text import Window
+
 
 @dataclass
 class Parts:
@@ -120,3 +123,36 @@ def agrees(p: Parts | None, x: torch.Tensor, out: torch.Tensor) -> bool:
     got = block_forward(p, x)
     scale = out.abs().max().clamp_min(1e-12)
     return bool(((got - out).abs().max() / scale) < 1e-4)
+
+
+VOCAB_CHUNK = 4096  # unembedding rows per matmul: the logits chunk stays in cache
+
+
+def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
+    """NLL (B, n_scored) from final residuals `x` (B, T, d_model): ln_final, then the
+    unembedding of all B x n_scored positions at once in vocabulary chunks with a running
+    logsumexp, never materialising T x d_vocab logits. Falls back to the bridge's own
+    unembed, one element at a time, when hooks sit on it."""
+    normed = model.ln_final(x)  # (B, T, d_model)
+    unembed = model.unembed
+    linear = getattr(unembed, "original_component", None)
+    if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
+            or unembed.hook_out.has_hooks()):
+        return torch.stack([nll_from_logits(unembed(n[None])[0], chunk, w)
+                            for n in normed])
+    lo = w.first_target - w.begin
+    B, n = normed.shape[0], normed.shape[1] - lo
+    h = normed[:, lo - 1 : -1].reshape(B * n, -1)  # (B n_scored, d_model): predicting rows
+    targets = chunk[0, lo:].repeat(B)  # (B n_scored,)
+    weight, bias = linear.weight, linear.bias  # (d_vocab, d_model), (d_vocab,) or None
+    lse = None
+    for s in range(0, weight.shape[0], VOCAB_CHUNK):
+        part = h @ weight[s : s + VOCAB_CHUNK].T  # (B n_scored, chunk)
+        if bias is not None:
+            part += bias[s : s + VOCAB_CHUNK]
+        chunk_lse = torch.logsumexp(part.float(), dim=-1)
+        lse = chunk_lse if lse is None else torch.logaddexp(lse, chunk_lse)
+    target = (h * weight[targets]).sum(-1)  # (B n_scored,) the target logits
+    if bias is not None:
+        target = target + bias[targets]
+    return (lse - target.float()).view(B, n)
