@@ -137,10 +137,13 @@ def main() -> None:
     tuned_blocks = report("block sweep, naive (tuned malloc)",
                           lambda: block_ablation(model, ids, engine="naive"), args.repeat,
                           f1 * (n_blocks + 1))
+    last = {}
     fast_blocks = report("block sweep, engine",
-                         lambda: block_ablation(model, ids), args.repeat)
-    fast_heads = report("head sweep, engine", lambda: single_head_ablation(model, ids),
-                        args.repeat)
+                         lambda: last.update(blocks=block_ablation(model, ids)), args.repeat)
+    fast_heads = report("head sweep, engine",
+                        lambda: last.update(heads=single_head_ablation(model, ids)), args.repeat)
+    print(f"engine ran as: blocks {last['blocks'].attrs['engine']}, "
+          f"heads {last['heads'].attrs['engine']}")
     report("Michel gradient pass", lambda: head_importance(model, ids), args.repeat)
     print(f"block sweep: engine {naive_blocks / fast_blocks:.2f}x faster than the naive loop "
           f"(default malloc), {tuned_blocks / fast_blocks:.2f}x than naive (tuned malloc)")

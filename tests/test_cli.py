@@ -43,6 +43,7 @@ def test_ablate_prints_table_and_writes_csv_and_json(run, tiny_dir, tmp_path):
     assert {"torch", "transformer-lens", "transformers", "blockscope"} <= meta["versions"].keys()
     assert meta["engine"] == "cached" and set(meta["spearman_with_delta"]) == {
         "block_influence", "angular_distance"}
+    assert meta["replay"] == "plain" and meta["batch_size"] == 6  # GPT-2 blocks on the CPU
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [csv.name, csv.with_suffix(".json").name, csv.with_suffix(".png").name])
 
@@ -248,6 +249,7 @@ def test_prune_heads_writes_heads_curve_and_sidecar(run, tiny_dir, tmp_path):
     assert len(one) == 4
     meta = json.loads((tmp_path / "prune-heads-tiny-gpt2-alice.json").read_text())
     assert meta["tolerance"] == 0.05 and set(meta["headline"]) == {"gradient", "random"}
+    assert meta["replay"] == "plain" and meta["batch_size"] == 6
 
 
 @pytest.mark.parametrize("args, message", [
@@ -273,3 +275,11 @@ def test_help_does_not_import_torch():
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_ablate_naive_engine_is_recorded(run, tiny_dir, tmp_path):
+    res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 30, "--engine", "naive",
+              "--no-plot", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    meta = json.loads((tmp_path / "ablate-tiny-gpt2-alice.json").read_text())
+    assert meta["engine"] == "naive" and meta["batch_size"] == 1 and "replay" not in meta

@@ -105,8 +105,10 @@ def block_ablation(
             similarity.add(clean_pass(model, tokens, w, keep_z=False))
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"
-    df = df.merge(similarity.frame(), on="layer", how="left")
-    return df[COLUMNS]
+    attrs = df.attrs
+    df = df.merge(similarity.frame(), on="layer", how="left")[COLUMNS]
+    df.attrs = attrs  # how the engine ran (merge drops it)
+    return df
 
 
 COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",

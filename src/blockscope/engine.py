@@ -215,11 +215,13 @@ def engine_sweep(
 ) -> pd.DataFrame:
     """Baseline row, then one row per variant: the same table `sweep.sweep` gives.
 
-    `on_clean` sees each window's clean pass (metrics at no extra forward cost)."""
+    `on_clean` sees each window's clean pass (metrics at no extra forward cost). The
+    result's `attrs["engine"]` says how it ran: the batch size and the blocks replayed
+    ("plain", "bridge", or "plain+bridge" when windows differed)."""
     if progress:
         progress(total=len(variants) * len(wins) + 1)
     nlls: list[list[torch.Tensor]] = [[] for _ in variants]
-    baseline = []
+    baseline, how = [], {"replay": set(), "batch_size": set()}
     for wi, w in enumerate(wins):
         clean = cleans[wi] if cleans is not None else clean_pass(model, tokens, w)
         if on_clean:
@@ -227,6 +229,8 @@ def engine_sweep(
         baseline.append(clean.nll.double().cpu())
         plain = plain_blocks(model, clean)
         size = batch_size or default_batch_size(model, w.end - w.begin, plain is not None)
+        how["replay"].add("bridge" if plain is None else "plain")
+        how["batch_size"].add(size)
         for group in _groups(variants, size):
             with torch.inference_mode(), applied(model, variants[group[0]].hooks):
                 entries = [(variants[i].layer, variants[i].mid, variants[i].resid(clean))
@@ -242,7 +246,10 @@ def engine_sweep(
     records = [{"variant": "baseline", **perplexity_row(torch.cat(baseline))}]
     records += [{"variant": "ablated", **v.label, **perplexity_row(torch.cat(n))}
                 for v, n in zip(variants, nlls, strict=True)]
-    return with_change(records)
+    df = with_change(records)
+    df.attrs["engine"] = {"replay": "+".join(sorted(how["replay"], reverse=True)),
+                          "batch_size": max(how["batch_size"])}
+    return df
 
 
 def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:

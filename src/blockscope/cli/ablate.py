@@ -64,8 +64,9 @@ EngineOpt = Annotated[
                  "naive: one hooked forward per variant (the reference). Same numbers."),
 ]
 BatchOpt = Annotated[
-    int | None, typer.Option(min=1, help="Variants per batch (default: 1 on CPU, by memory "
-                             "on GPU).")
+    int | None,
+    typer.Option(min=1, help="Variants per batch (default: by memory; on the CPU at most 6, "
+                 "or 1 where blocks run through the bridge)."),
 ]
 MethodOpt = Annotated[
     Method, typer.Option(help="zero: remove it; mean: write its clean mean over positions.")
@@ -124,7 +125,7 @@ def ablate(
         part=part.value,
         method=method.value,
         engine=engine.value,
-        batch_size=batch_size or "default",
+        **df.attrs.get("engine", {"batch_size": batch_size or 1}),
         block_metrics="cosine of each block's input and output per token (all but the first "
         "token): block_influence = 1 - mean cos (ShortGPT), angular_distance = mean "
         "arccos(cos)/pi (Gromov et al.)",

@@ -128,7 +128,7 @@ def prune_heads(
         render(per_head, curves, one, sentences, spec.name, cfg)
     meta = run.meta(
         "prune-heads", n_scored=int(curve.loc[0, "n_scored"]), method=method.value,
-        engine=engine.value, batch_size=batch_size or "default",
+        engine=engine.value, **ablation.attrs.get("engine", {"batch_size": batch_size or 1}),
         orders=orders, step=step, tolerance=tolerance, seed=seed,
         layers=layer_ids, heads=head_ids,
         importance="|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
