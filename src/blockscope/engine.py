@@ -268,11 +268,13 @@ def heads_removed(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | No
     """Residual after layer `layer`'s attention with heads scaled by `keep` (n_heads,), the
     removed part replaced by `fill` (n_heads, d_head): mid - sum_h (1-keep_h)(z_h-fill_h) W_O[h]."""
 
+    idx = (keep != 1).nonzero().flatten()  # only the changed heads: the rest add zero
+
     def resid(clean: Clean) -> torch.Tensor:
-        z = clean.z[layer][0]  # (T, n_heads, d_head)
-        W_O = model.blocks[layer].attn.W_O  # (n_heads, d_head, d_model)
-        gone = (1 - keep).to(z)  # (n_heads,)
-        diff = (fill.to(z) if fill is not None else 0) - z  # (T, n_heads, d_head)
+        z = clean.z[layer][0][:, idx]  # (T, k, d_head)
+        W_O = model.blocks[layer].attn.W_O[idx]  # (k, d_head, d_model)
+        gone = (1 - keep[idx]).to(z)  # (k,)
+        diff = (fill[idx].to(z) if fill is not None else 0) - z  # (T, k, d_head)
         delta = torch.einsum("h,thd,hde->te", gone, diff, W_O.to(z))  # (T, d_model)
         return clean.mid[layer] + delta
 
