@@ -1,12 +1,13 @@
-"""GPT-2 blocks as plain torch calls, for the engine's replays of blocks nobody hooks.
+"""GPT-2 blocks and the final unembedding as plain torch calls, for the engine's replays.
 
 The bridge's attention computes scores, mask, softmax and pattern one step at a time so that
-its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When no module of a block
-holds a hook, the engine runs the same function here instead: the bridge's own weights (read
-at every call, so nothing goes stale), torch's fused `scaled_dot_product_attention` (causal)
-and tanh GELU. On the CPU that is about 20% faster a block, equal to float rounding; the
-engine checks the agreement on every clean pass (`agrees`) and otherwise keeps the bridge.
-"""
+its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When none of a block's
+hook points holds a hook, the engine runs the same function here instead: the bridge's own
+weights (read at every call, so nothing goes stale), torch's fused
+`scaled_dot_product_attention` (causal) and tanh GELU. On the CPU that is about 20% faster a
+block, equal to float rounding; the engine checks the agreement on every clean pass
+(`agrees`) and otherwise keeps the bridge. `final_nll` scores a batch of final residuals
+without materialising the logits (the bridge's unembed when that is hooked)."""
 
 from __future__ import annotations
 
