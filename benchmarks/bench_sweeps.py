@@ -13,13 +13,19 @@ large matmul's GFLOP/s as the machine's practical peak.
 The naive loops run first with glibc's default allocator, as a notebook would; the engine
 then runs with the allocator tuned (`tune_allocator`, as the CLI does), and the naive block
 sweep is timed again under the tuned allocator to separate the two gains.
+
+The peak RSS printed per phase is this process's, so it includes whatever the earlier phases
+left on the heap (the tuned allocator keeps freed memory by design). At the end each engine
+sweep runs once more alone in a fresh process, as the CLI would, for its own peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -85,13 +91,47 @@ def matmul_peak(repeat: int) -> tuple[float, float]:
     return 2 * 4096**3 / big / 1e9, 2 * 469 * 768 * 50257 / unembed / 1e9
 
 
+def sweep_fn(kind: str, model, ids):
+    if kind == "blocks":
+        return lambda: block_ablation(model, ids)
+    return lambda: single_head_ablation(model, ids)
+
+
+def child(kind: str, model_dir: str, tokens: int) -> None:
+    """Run one engine sweep in this fresh process and print its peak RSS in bytes."""
+    tune_allocator()
+    model = load_model(spec_for(model_dir, device="cpu"))
+    ids = tokenize(model.tokenizer, read_passage(ALICE).text, prepend_bos=True,
+                   max_tokens=tokens)
+    sweep_fn(kind, model, ids)()
+    print(f"RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}")
+
+
+def isolated_rss(kind: str, model_dir: str, tokens: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, "--model-dir", model_dir,
+                          "--tokens", str(tokens)], capture_output=True, text=True, check=True)
+    return int(out.stdout.split("RSS ")[-1]) / 2**30
+
+
+ALICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "alice.txt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per timing (median)")
     parser.add_argument("--tokens", type=int, default=469, help="text tokens (BOS added)")
     parser.add_argument("--skip-naive-heads", action="store_true",
-                        help="skip the naive single-head sweep (about 140 s a run here)")
+                        help="skip the naive single-head sweep (about 100-140 s a run here)")
+    parser.add_argument("--child", choices=["blocks", "heads"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.model_dir, args.tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args, str(save_gpt2_checkpoint(os.path.join(tmp, "gpt2-random"))))
+
+
+def run(args, model_dir: str) -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
@@ -99,11 +139,9 @@ def main() -> None:
     print(f"matmul 4096^3: {peak:.0f} GFLOP/s (practical peak); "
           f"unembedding 469x768x50257: {unembed_rate:.0f} GFLOP/s")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = save_gpt2_checkpoint(os.path.join(tmp, "gpt2-random"))
-        model = load_model(spec_for(str(path), device="cpu"))
-    text = read_passage(os.path.join(os.path.dirname(__file__), "..", "data", "alice.txt"))
-    ids = tokenize(model.tokenizer, text.text, prepend_bos=True, max_tokens=args.tokens)
+    model = load_model(spec_for(model_dir, device="cpu"))
+    ids = tokenize(model.tokenizer, read_passage(ALICE).text, prepend_bos=True,
+                   max_tokens=args.tokens)
     print(f"random-init GPT-2 small, {ids.shape[1]} tokens (BOS + {args.tokens}), fp32, cpu")
 
     def forward():
@@ -139,9 +177,10 @@ def main() -> None:
                           f1 * (n_blocks + 1))
     last = {}
     fast_blocks = report("block sweep, engine",
-                         lambda: last.update(blocks=block_ablation(model, ids)), args.repeat)
+                         lambda: last.update(blocks=sweep_fn("blocks", model, ids)()),
+                         args.repeat)
     fast_heads = report("head sweep, engine",
-                        lambda: last.update(heads=single_head_ablation(model, ids)), args.repeat)
+                        lambda: last.update(heads=sweep_fn("heads", model, ids)()), args.repeat)
     print(f"engine ran as: blocks {last['blocks'].attrs['engine']}, "
           f"heads {last['heads'].attrs['engine']}")
     report("Michel gradient pass", lambda: head_importance(model, ids), args.repeat)
@@ -150,8 +189,11 @@ def main() -> None:
     if naive_heads:
         print(f"head sweep: engine {naive_heads / fast_heads:.2f}x faster than the naive loop "
               "(default malloc)")
-    print(f"process peak RSS {psutil.Process().memory_info().rss / 2**30:.2f} GB now; "
-          f"max {__import__('resource').getrusage(0).ru_maxrss / 2**20:.2f} GB")
+    print(f"this process: RSS {psutil.Process().memory_info().rss / 2**30:.2f} GB now, "
+          f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    for kind in ("blocks", "heads"):
+        print(f"peak RSS of a fresh process loading the model and running only the engine's "
+              f"{kind} sweep: {isolated_rss(kind, model_dir, args.tokens):.2f} GB", flush=True)
 
 
 if __name__ == "__main__":
