@@ -103,8 +103,16 @@ def child(kind: str, model_dir: str, tokens: int) -> None:
     model = load_model(spec_for(model_dir, device="cpu"))
     ids = tokenize(model.tokenizer, read_passage(ALICE).text, prepend_bos=True,
                    max_tokens=tokens)
-    sweep_fn(kind, model, ids)()
-    print(f"RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}")
+    with PeakRSS() as rss:
+        sweep_fn(kind, model, ids)()
+    # VmHWM is this process's own high-water mark; ru_maxrss would carry the parent's
+    # (Linux keeps it across fork and exec). The sampler is the fallback elsewhere.
+    try:
+        status = open("/proc/self/status").read()
+        peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
+    except (OSError, IndexError):
+        peak = rss.peak
+    print(f"RSS {peak}")
 
 
 def isolated_rss(kind: str, model_dir: str, tokens: int) -> float:

@@ -72,6 +72,21 @@ def test_clean_pass_is_the_clean_forward(tiny, ids):
     assert not any(hp.has_hooks() for hp in tiny.hook_dict.values())
 
 
+def test_clean_pass_with_a_hooked_unembedding_materialises_the_logits(tiny, ids):
+    """A hook on the unembedding sees every position, and the NLL is still the clean one."""
+    from blockscope.engine import _last_logits_only
+    from blockscope.interventions import applied
+
+    w = model_windows(tiny, ids, 100)[0]
+    seen = []
+    assert _last_logits_only(tiny)  # GPT-2 takes logits_to_keep: the fast clean pass
+    with applied(tiny, [("unembed.hook_out", lambda x, hook=None: seen.append(x.shape))]):
+        assert not _last_logits_only(tiny)
+        nll = clean_pass(tiny, ids, w).nll
+    assert seen == [torch.Size([1, w.end - w.begin, tiny.cfg.d_vocab])]
+    assert torch.allclose(nll, clean_pass(tiny, ids, w).nll, rtol=1e-6)
+
+
 def test_default_batch_size(tiny):
     class Cfg:
         n_heads, d_mlp, d_model, device = 12, 3072, 768, "cuda:0"

@@ -65,7 +65,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, keep_z: bool = True) -> C
     """One hooked forward of window `w`, keeping what the variants start from (z if asked)."""
     n = model.cfg.n_layers
     chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
-    pre, mid, z, replay = [None] * (n + 1), [None] * n, [None] * n, [None] * n
+    pre, mid, z, args_of = [None] * (n + 1), [None] * n, [None] * n, [None] * n
     kept = (("hook_resid_pre", pre), ("hook_resid_mid", mid)) + ((("attn.hook_z", z),)
                                                                   if keep_z else ())
 
@@ -81,7 +81,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, keep_z: bool = True) -> C
     def record(i):
         def pre_hook(module, args, kwargs):
             args = tuple(None if type(a).__name__.endswith("Cache") else a for a in args)
-            replay[i] = (args[1:], {**kwargs, "use_cache": False})
+            args_of[i] = (args[1:], {**kwargs, "use_cache": False})
 
         return pre_hook
 
@@ -89,12 +89,30 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, keep_z: bool = True) -> C
                for i, b in enumerate(model.blocks)]
     try:
         with torch.inference_mode(), applied(model, hooks):
-            logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
-            nll = nll_from_logits(logits[0], chunk, w)
+            if _last_logits_only(model):  # score from the final residual, chunked
+                model(chunk, return_type="logits", logits_to_keep=1)
+                nll = replay.final_nll(model, pre[n], chunk, w)[0]
+            else:
+                logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
+                nll = nll_from_logits(logits[0], chunk, w)
     finally:
         for h in handles:
             h.remove()
-    return Clean(w, chunk, replay, pre, mid, z, nll)
+    return Clean(w, chunk, args_of, pre, mid, z, nll)
+
+
+def _last_logits_only(model) -> bool:
+    """Whether the clean pass may ask HF for the last position's logits only (the NLL then
+    comes from the kept final residual, as in every variant): the HF model must take
+    `logits_to_keep` and no hook may sit on the unembedding, which would see one position."""
+    import inspect
+
+    hf = getattr(model, "original_model", None)
+    try:
+        takes = "logits_to_keep" in inspect.signature(hf.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return takes and not (model.unembed.hook_in.has_hooks() or model.unembed.hook_out.has_hooks())
 
 
 @contextmanager
