@@ -103,15 +103,13 @@ def child(kind: str, model_dir: str, tokens: int) -> None:
     model = load_model(spec_for(model_dir, device="cpu"))
     ids = tokenize(model.tokenizer, read_passage(ALICE).text, prepend_bos=True,
                    max_tokens=tokens)
-    with PeakRSS() as rss:
-        sweep_fn(kind, model, ids)()
-    # VmHWM is this process's own high-water mark; ru_maxrss would carry the parent's
-    # (Linux keeps it across fork and exec). The sampler is the fallback elsewhere.
+    sweep_fn(kind, model, ids)()
+    # VmHWM: this process's own high-water mark (ru_maxrss would carry the parent's: Linux
+    # keeps it across fork and exec), read without a sampling thread in the process.
     try:
-        status = open("/proc/self/status").read()
-        peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
+        peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
     except (OSError, IndexError):
-        peak = rss.peak
+        peak = psutil.Process().memory_info().rss
     print(f"RSS {peak}")
 
 
