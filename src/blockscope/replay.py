@@ -3,8 +3,8 @@
 The bridge's attention computes scores, mask, softmax and pattern one step at a time so that
 its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When none of a block's
 hook points holds a hook, the engine runs the same function here instead: the bridge's own
-weights (read at every call, so nothing goes stale), torch's fused
-`scaled_dot_product_attention` (causal) and tanh GELU. On the CPU that is about 20% faster a
+weights (read at every call, so nothing goes stale) and torch's fused
+`scaled_dot_product_attention` (causal). On the CPU that is about 20% faster a
 block, equal to float rounding; the engine checks the agreement on every clean pass
 (`agrees`) and otherwise keeps the bridge. `final_nll` scores a batch of final residuals
 without materialising the logits (the bridge's unembed when that is hooked)."""
@@ -34,7 +34,7 @@ class Parts:
     n_heads: int
     ln_2: torch.nn.LayerNorm
     c_fc: torch.nn.Module  # HF Conv1D (d_model -> d_mlp)
-    act: torch.nn.Module
+    mlp: torch.nn.Module  # HF GPT2MLP: its `act` is read at each call (see mlp_half)
     c_proj: torch.nn.Module  # HF Conv1D (d_mlp -> d_model)
 
 
@@ -67,7 +67,7 @@ def parts(block) -> Parts | None:
     scale = hf_attn.head_dim**-0.5  # as the bridge's attention, which always scales
     if hf_attn.scale_attn_by_inverse_layer_idx:
         scale /= float(hf_attn.layer_idx + 1)
-    return Parts(ln_1, q, k, v, o, scale, hf_attn.num_heads, ln_2, c_fc, mlp.act, c_proj)
+    return Parts(ln_1, q, k, v, o, scale, hf_attn.num_heads, ln_2, c_fc, mlp, c_proj)
 
 
 def hooked(block) -> bool:
@@ -101,15 +101,10 @@ def attn_half(p: Parts, x: torch.Tensor) -> torch.Tensor:
 
 
 def mlp_half(p: Parts, x: torch.Tensor) -> torch.Tensor:
-    """x + mlp(ln_2(x)); GPT-2's NewGELU runs as torch's fused tanh GELU (same function)."""
-    from transformers.activations import NewGELUActivation
-
+    """x + mlp(ln_2(x)), with the MLP's activation as it is at the call: inside the engine's
+    `fused_gelu`, GPT-2's NewGELU is torch's fused tanh GELU (the same function)."""
     hidden = p.c_fc(_layer_norm(p.ln_2, x))  # (B, T, d_mlp)
-    if isinstance(p.act, NewGELUActivation):
-        hidden = F.gelu(hidden, approximate="tanh")
-    else:
-        hidden = p.act(hidden)
-    return x + p.c_proj(hidden)
+    return x + p.c_proj(p.mlp.act(hidden))
 
 
 def block_forward(p: Parts, x: torch.Tensor) -> torch.Tensor:
