@@ -282,4 +282,5 @@ def test_ablate_naive_engine_is_recorded(run, tiny_dir, tmp_path):
               "--no-plot", "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     meta = json.loads((tmp_path / "ablate-tiny-gpt2-alice.json").read_text())
-    assert meta["engine"] == "naive" and meta["batch_size"] == 1 and "replay" not in meta
+    assert meta["engine"] == "naive" and meta["batch_size"] == 1 and meta["replay"] == "naive"
+    assert "fallback" not in meta

@@ -74,7 +74,7 @@ def test_clean_pass_is_the_clean_forward(tiny, ids):
 
 def test_clean_pass_with_a_hooked_unembedding_materialises_the_logits(tiny, ids):
     """A hook on the unembedding sees every position, and the NLL is still the clean one."""
-    from blockscope.engine import _last_logits_only
+    from blockscope.clean import _last_logits_only
     from blockscope.interventions import applied
 
     w = model_windows(tiny, ids, 100)[0]
@@ -132,12 +132,15 @@ def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
     from blockscope.engine import Start, engine_sweep
 
     if not plain:
-        monkeypatch.setattr(engine, "plain_blocks", lambda *a: None)
+        monkeypatch.setattr(engine, "plain_parts", lambda *a: None)
     n, wins = tiny.cfg.n_layers, model_windows(tiny, ids, 100)
 
     def starts(scale):
-        out = [Start({"k": k, "mid": m}, k, lambda c, k=k, m=m: scale * (c.mid if m else c.pre)[k],
-                     mid=m) for k in range(n) for m in (True, False)]  # mixed order on purpose
+        def resid(c, k, m):
+            return scale * (c.act("hook_resid_mid", k) if m else c.pre[k])
+
+        out = [Start({"k": k, "mid": m}, k, lambda c, k=k, m=m: resid(c, k, m), mid=m)
+               for k in range(n) for m in (True, False)]  # mixed order on purpose
         return out + [Start({"k": n, "mid": False}, n, lambda c: scale * c.pre[n])]
 
     clean = engine_sweep(tiny, ids, starts(1.0), wins=wins, batch_size=2 * n + 1)

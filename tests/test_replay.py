@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from blockscope import engine, replay
+from blockscope import arch, replay, selfcheck
 from blockscope.ablate import block_ablation
-from blockscope.engine import Start, clean_pass, engine_sweep, plain_blocks
+from blockscope.engine import Start, clean_pass, engine_sweep, kept_names, plain_parts
 from blockscope.interventions import applied
 from blockscope.sweep import model_windows, perplexity_row, token_nll
 from blockscope.text import tokenize
@@ -20,7 +20,8 @@ def ids(tiny, alice_text):
 
 @pytest.fixture(scope="module")
 def clean(tiny, ids):
-    return clean_pass(tiny, ids, model_windows(tiny, ids, None)[0])
+    names = kept_names(arch.layout(tiny), tiny.cfg.n_layers, z=False)
+    return clean_pass(tiny, ids, model_windows(tiny, ids, None)[0], names)
 
 
 def close(a, b):
@@ -42,20 +43,22 @@ def test_halves_equal_the_bridge_clean_pass(tiny, clean):
         for k, block in enumerate(tiny.blocks):
             p = replay.parts(block)
             mid = replay.attn_half(p, clean.pre[k])
-            assert close(mid, clean.mid[k])
-            assert close(replay.mlp_half(p, clean.mid[k]), clean.pre[k + 1])
+            assert close(mid, clean.act("hook_resid_mid", k))
+            assert close(replay.mlp_half(p, clean.act("hook_resid_mid", k)), clean.pre[k + 1])
             batch = torch.cat([clean.pre[k], 2 * clean.pre[k]])  # (2, T, d_model)
             assert close(replay.block_forward(p, batch)[:1], clean.pre[k + 1])
 
 
 def test_the_engine_replays_gpt2_blocks_plainly(tiny, ids, clean, monkeypatch):
     """So the engine-equals-naive tests cover the plain replay."""
-    assert plain_blocks(tiny, clean) is not None
+    assert plain_parts(tiny) is not None
     calls = []
     real = replay.mlp_half
     monkeypatch.setattr(replay, "mlp_half", lambda p, x: calls.append(1) or real(p, x))
-    block_ablation(tiny, ids, layers=[0])
-    assert len(calls) == 1 + (tiny.cfg.n_layers - 1)  # the agreement check, blocks 1..
+    df = block_ablation(tiny, ids, layers=[0])
+    assert df.attrs["engine"]["replay"] == "plain"
+    # the self-check (one block per kind, and the last), then blocks 1..
+    assert len(calls) == len(selfcheck.block_kinds(tiny)) + (tiny.cfg.n_layers - 1)
 
 
 def test_a_block_that_holds_a_hook_runs_as_the_bridge(tiny, ids, clean):
@@ -74,15 +77,14 @@ def test_a_block_that_holds_a_hook_runs_as_the_bridge(tiny, ids, clean):
 
 
 def test_no_plain_replay_when_it_disagrees_or_in_training_mode(tiny, clean, monkeypatch):
-    p = replay.parts(tiny.blocks[-1])
-    with torch.inference_mode():
-        assert replay.agrees(p, clean.pre[-2], clean.pre[-1])
-        assert not replay.agrees(p, clean.pre[-2], 1.01 * clean.pre[-1])
-    monkeypatch.setattr(engine.replay, "agrees", lambda *a: False)
-    assert plain_blocks(tiny, clean) is None
+    lay, parts = arch.layout(tiny), plain_parts(tiny)
+    assert selfcheck.verify(tiny, lay, clean, [], parts) is parts
+    real = replay.block_forward
+    monkeypatch.setattr(replay, "block_forward", lambda p, x: 1.0001 * real(p, x))
+    assert selfcheck.verify(tiny, lay, clean, [], parts) is None  # the bridge's blocks run
     monkeypatch.undo()
     tiny.train()
     try:
-        assert plain_blocks(tiny, clean) is None
+        assert plain_parts(tiny) is None
     finally:
         tiny.eval()

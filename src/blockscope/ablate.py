@@ -12,15 +12,16 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.engine import Start, cached_means, clean_pass, engine_sweep
+from blockscope import plan
+from blockscope.engine import clean_pass
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import PART_HOOKS, remove_part
+from blockscope.interventions import PART_HOOKS, Edit
 from blockscope.similarity import BlockSimilarity, spearman
-from blockscope.sweep import Progress, Variant, clean_means, model_windows, sweep, token_nll
+from blockscope.sweep import Progress, Variant, model_windows
 
 PARTS = ("block", "attn", "mlp")
 METHODS = ("zero", "mean")
-ENGINES = ("cached", "naive")
+ENGINES = plan.ENGINES
 
 
 def _mean_hook_names(layer: int, part: str) -> list[str]:
@@ -35,16 +36,6 @@ def _fill(means: dict, layer: int, part: str) -> torch.Tensor | None:
         return None
     value = [means[n] for n in _mean_hook_names(layer, part)]
     return value[1] - value[0] if part == "block" else value[0]  # block: post - pre
-
-
-def _start(k: int, part: str, fill: torch.Tensor | None, label: dict) -> Start:
-    """Where the engine enters the stack when block k's `part` is removed."""
-    add = (lambda t: t) if fill is None else (lambda t: t + fill.to(t))
-    if part == "block":  # block k's output := its input (+ mean contribution): run k+1..
-        return Start(label, k + 1, lambda c: add(c.pre[k]))
-    if part == "attn":  # block k's mid := its input: run k's MLP half, then k+1..
-        return Start(label, k, lambda c: add(c.pre[k]), mid=True)
-    return Start(label, k + 1, lambda c: add(c.mid[k]))  # mlp: block k's output := its mid
 
 
 def block_ablation(
@@ -75,34 +66,21 @@ def block_ablation(
         raise BlockscopeError(f"--part must be one of {', '.join(PARTS)}")
     if method not in METHODS:
         raise BlockscopeError(f"--method must be one of {', '.join(METHODS)}")
-    if engine not in ENGINES:
-        raise BlockscopeError(f"--engine must be one of {', '.join(ENGINES)}")
+    plan.check_engine(engine)
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
     if any(not 0 <= i < n_layers for i in layers):
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
     wins = model_windows(model, tokens, stride)
     names = [n for i in layers for n in _mean_hook_names(i, part)] if method == "mean" else []
-    similarity = BlockSimilarity(n_layers)
-    if engine == "cached":
-        # one window: its clean pass gives the means too; several: a pass over all first
-        cleans = [clean_pass(model, tokens, wins[0], keep_z=False)] if len(wins) == 1 else None
-        means = {}
-        if names:
-            means = cached_means(cleans[0]) if cleans else clean_means(model, tokens, wins,
-                                                                        names)[1]
-        starts = [_start(i, part, _fill(means, i, part),
-                         {"layer": i, "part": part, "method": method}) for i in layers]
-        df = engine_sweep(model, tokens, starts, wins=wins, cleans=cleans,
-                          batch_size=batch_size, progress=progress, on_clean=similarity.add)
-    else:
-        baseline, means = (clean_means(model, tokens, wins, names) if names
-                           else (token_nll(model, tokens, wins), {}))
-        variants = [Variant({"layer": i, "part": part, "method": method},
-                            remove_part(i, part, _fill(means, i, part))) for i in layers]
-        df = sweep(model, tokens, variants, wins=wins, baseline_nll=baseline, progress=progress)
-        for w in wins:  # the reference path pays one more clean pass for the metrics
-            similarity.add(clean_pass(model, tokens, w, keep_z=False))
+    prepared = plan.prepare(model, tokens, wins, engine_name=engine, mean_names=names)
+    variants = [Variant({"layer": i, "part": part, "method": method},
+                        (Edit(part, i, _fill(prepared.means, i, part)),)) for i in layers]
+    df = plan.run(model, tokens, variants, wins=wins, prepared=prepared,
+                  batch_size=batch_size, progress=progress)
+    similarity = BlockSimilarity(n_layers)  # from the clean passes: no extra forward cached
+    for c in prepared.cleans or (clean_pass(model, tokens, w) for w in wins):
+        similarity.add(c)
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"
     attrs = df.attrs

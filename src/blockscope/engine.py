@@ -1,21 +1,26 @@
-"""The sweep engine: one clean pass, then every variant only from the first block it changes.
+"""The sweep engine: one clean pass, then every variant only from where it first differs.
 
-The clean pass of each window keeps each block's input residual (`hook_resid_pre`), its
-mid-block residual (`hook_resid_mid`), each head's `z`, and the arguments the model hands
-each block (causal mask, positions). A variant then enters the stack where it first differs:
+The clean pass of each window keeps each block's input residual (`hook_resid_pre`), the
+points the layout has between (mid residual, or each half's write in a parallel block), each
+head's `z` when asked, and the arguments the model hands each block (mask, positions). The
+variants are `sweep.Variant`s: records of `interventions.Edit`s, the same ones the naive loop
+turns into hooks. `entry` derives from an edit and the architecture layer (`arch.py`) where
+to enter the stack:
 
-- skipping block k (or its MLP) starts at block k+1 from a cached residual;
-- removing block k's attention starts at block k's MLP half;
-- removing heads of layer L starts at L's MLP half too: the heads' own layer does not
-  recompute queries, keys or values, only subtracts (z_h - fill_h) @ W_O[h] from the cached
-  mid residual;
-- any other intervention (a hook list) runs from a given layer with its hooks on.
+- skipping block k: at block k+1 from its cached input (+ its mean contribution);
+- removing an MLP: at block k+1 from the output without that write;
+- removing an attention half: at k's MLP half (sequential) or k+1 (parallel);
+- removing heads of one layer whose writes are linear in the stream: subtract
+  sum_h (1-keep_h)(z_h-fill_h) W_O[h] from the cached stream, entering as for its half;
+- anything else (several layers, a post-norm head, a block a user's hook sits in): at the
+  first block it touches, with the edit's own hooks on.
 
-Consecutive variants with no hooks run as one batch that grows block by block as each
-joins at its own entry point. A block that holds a hook (a variant's or anyone's) runs as
-the model's own TransformerLens bridge block, so its hook points fire; one that holds none
-runs as plain torch calls on the same weights (`replay.py`: fused attention), once that
-replay has matched the clean pass.
+Before any variant of a window runs, `selfcheck.verify` replays the clean pass from every
+entry kind the sweep will use, on one block of each kind; a mismatch beyond 1e-5 relative
+raises `ReplayMismatch`, and `run` then scores every variant with the naive loop instead and
+says why in `attrs["engine"]`. A block that holds a hook runs as the TransformerLens bridge
+block, so its hook points fire; GPT-2 blocks without hooks run as plain torch calls
+(`replay.py`) once those match the clean pass too.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import pandas as pd
 import torch
 
 from blockscope import replay
+from blockscope.clean import Clean, cached_means, clean_pass, kept_names  # noqa: F401
 from blockscope.interventions import Hook, applied
-from blockscope.sweep import nll_from_logits, perplexity_row, with_change
+from blockscope.sweep import perplexity_row, with_change
 from blockscope.text import Window
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
@@ -37,82 +43,23 @@ from blockscope.text import Window
 BUDGET_BYTES = 768 * 2**20  # activations of one batch, so GPT-2 small stays under 3 GB RSS
 
 
-@dataclass
-class Clean:
-    """What the clean pass of one window keeps (batch of 1, on the model's device)."""
-
-    window: Window
-    chunk: torch.Tensor  # (1, T) token ids fed
-    replay: list[tuple[tuple, dict]]  # per block: the args the model passed it, cache removed
-    pre: list[torch.Tensor]  # n_layers + 1 of (1, T, d_model); pre[n_layers] enters ln_final
-    mid: list[torch.Tensor]  # n_layers of (1, T, d_model)
-    z: list[torch.Tensor]  # n_layers of (1, T, n_heads, d_head)
-    nll: torch.Tensor  # (n_scored,) clean next-token NLL
+class ReplayMismatch(Exception):
+    """The engine's replay of the clean pass did not reproduce it: the sweep must not use it."""
 
 
 @dataclass
 class Start:
-    """One variant: the residual it enters the stack with, where, and any hooks."""
+    """One variant as the engine runs it: the residual it enters the stack with, where,
+    and any hooks."""
 
     label: dict  # columns of its result row
     layer: int  # first block to run (n_layers: straight to the unembedding)
     resid: Callable[[Clean], torch.Tensor]  # (1, T, d_model) residual entering there
     mid: bool = False  # enter block `layer` after its attention half (run only its MLP half)
     hooks: list[Hook] = field(default_factory=list)
-
-
-def clean_pass(model, tokens: torch.Tensor, w: Window, keep_z: bool = True) -> Clean:
-    """One hooked forward of window `w`, keeping what the variants start from (z if asked)."""
-    n = model.cfg.n_layers
-    chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
-    pre, mid, z, args_of = [None] * (n + 1), [None] * n, [None] * n, [None] * n
-    kept = (("hook_resid_pre", pre), ("hook_resid_mid", mid)) + ((("attn.hook_z", z),)
-                                                                  if keep_z else ())
-
-    def keep(store, i):
-        def hook(act, hook=None):
-            store[i] = act.detach()
-
-        return hook
-
-    hooks = [(f"blocks.{i}.{name}", keep(store, i)) for i in range(n) for name, store in kept]
-    hooks.append(("ln_final.hook_in", keep(pre, n)))
-
-    def record(i):
-        def pre_hook(module, args, kwargs):
-            args = tuple(None if type(a).__name__.endswith("Cache") else a for a in args)
-            args_of[i] = (args[1:], {**kwargs, "use_cache": False})
-
-        return pre_hook
-
-    handles = [b.register_forward_pre_hook(record(i), with_kwargs=True)
-               for i, b in enumerate(model.blocks)]
-    try:
-        with torch.inference_mode(), applied(model, hooks):
-            if _last_logits_only(model):  # score from the final residual, chunked
-                model(chunk, return_type="logits", logits_to_keep=1)
-                nll = replay.final_nll(model, pre[n], chunk, w)[0]
-            else:
-                logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
-                nll = nll_from_logits(logits[0], chunk, w)
-    finally:
-        for h in handles:
-            h.remove()
-    return Clean(w, chunk, args_of, pre, mid, z, nll)
-
-
-def _last_logits_only(model) -> bool:
-    """Whether the clean pass may ask HF for the last position's logits only (the NLL then
-    comes from the kept final residual, as in every variant): the HF model must take
-    `logits_to_keep` and no hook may sit on the unembedding, which would see one position."""
-    import inspect
-
-    hf = getattr(model, "original_model", None)
-    try:
-        takes = "logits_to_keep" in inspect.signature(hf.forward).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return takes and not (model.unembed.hook_in.has_hooks() or model.unembed.hook_out.has_hooks())
+    relies_on: str | None = None  # an identity the entry assumes, for selfcheck: "heads"
+    #   (a layer's attention write = sum_h z_h W_O[h] + b_O) or "halves" (a parallel
+    #   block's output = input + attention write + MLP write)
 
 
 @contextmanager
@@ -135,25 +82,42 @@ def fused_gelu(model) -> Iterator[None]:
             mlp.act = act
 
 
-def plain_blocks(model, clean: Clean) -> list[replay.Parts] | None:
-    """Each block's modules for the plain replay, if every block is one `replay` knows and
-    the last block's plain replay of the clean pass gives the clean output; else None."""
+def plain_parts(model) -> list[replay.Parts] | None:
+    """Each block's modules for the plain replay, if every block is one `replay` knows."""
     found = [replay.parts(b) for b in model.blocks]
-    if any(p is None for p in found):
-        return None
-    with torch.inference_mode():
-        if not replay.agrees(found[-1], clean.pre[-2], clean.pre[-1]):
-            return None
-    return found
+    return None if any(p is None for p in found) else found
 
 
-def run_group(model, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],
+def block_step(model, clean: Clean, j: int, x: torch.Tensor, plain) -> torch.Tensor:
+    """Block j on x (B, T, d_model): plain torch calls if `plain` and it holds no hook,
+    else the bridge block with the arguments the clean pass recorded."""
+    if plain is not None and not replay.hooked(model.blocks[j]):
+        return replay.block_forward(plain[j], x)
+    args, kwargs = clean.replay[j]
+    out = model.blocks[j](x, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def mlp_step(model, lay, j: int, x: torch.Tensor, plain) -> torch.Tensor:
+    """Block j from its mid residual x (sequential blocks): its MLP half, then the block's
+    own output hook point (`hook_resid_post`), so hooks there fire as in a full block."""
+    block = model.blocks[j]
+    if plain is not None and not replay.hooked(block):
+        return replay.mlp_half(plain[j], x)
+    h = block.ln2(x) if lay.pre_mlp_norm else x
+    h = block.mlp(h)
+    h = h[0] if isinstance(h, tuple) else h
+    if "ln2_post" in block._modules:
+        h = block.ln2_post(h)
+    return block.hook_out(x + h)
+
+
+def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],
               plain: list[replay.Parts] | None = None) -> list[torch.Tensor]:
     """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x)`: block
     `layer` (its MLP half if `mid`) with residual x (1, T, d_model). They run as one batch
-    that grows block by block as variants join it, then the final norm and unembedding.
-    Blocks with no hooks run as plain torch calls if `plain` (`plain_blocks`) is given."""
-    blocks, order = model.blocks, []
+    that grows block by block as variants join it, then the final norm and unembedding."""
+    order = []
 
     def join(x, mid, j):
         idx = [i for i, (layer, m, _) in enumerate(entries) if (layer, m) == (j, mid)]
@@ -163,45 +127,24 @@ def run_group(model, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tens
 
     x = None
     with fused_gelu(model):
-        for j in range(min(e[0] for e in entries), len(blocks)):
+        for j in range(min(e[0] for e in entries), len(model.blocks)):
             x = join(x, False, j)
-            p = plain[j] if plain is not None and not replay.hooked(blocks[j]) else None
-            if p is not None:
-                x = join(None if x is None else replay.attn_half(p, x), True, j)
-                x = None if x is None else replay.mlp_half(p, x)
+            if plain is not None and not replay.hooked(model.blocks[j]):
+                x = join(None if x is None else replay.attn_half(plain[j], x), True, j)
+                x = None if x is None else replay.mlp_half(plain[j], x)
                 continue
             if x is not None:
-                args, kwargs = clean.replay[j]
-                out = blocks[j](x, *args, **kwargs)
-                x = out[0] if isinstance(out, tuple) else out
+                x = block_step(model, clean, j, x, None)
             m = join(None, True, j)  # entering after attention: the MLP half only
             if m is not None:
-                m = m + blocks[j].mlp(blocks[j].ln2(m))
+                m = mlp_step(model, lay, j, m, None)
                 x = m if x is None else torch.cat([x, m])
-        x = join(x, False, len(blocks))
-        nll = replay.final_nll(model, x, clean.chunk, clean.window)  # (B, n_scored)
+        x = join(x, False, len(model.blocks))
+        nll = replay.final_nll(model, x, clean.chunk, clean.window, lay.softcap)  # (B, n)
     rows: list = [None] * len(entries)
     for i, row in zip(order, nll, strict=True):
         rows[i] = row.double().cpu()
     return rows
-
-
-def cached_means(clean: Clean) -> dict[str, torch.Tensor]:
-    """The clean means over positions that `sweep.clean_means` hooks for, from one window's
-    cache: the stream before/after each block, each half's output, each head's z."""
-    out = {}
-
-    def mean(t: torch.Tensor) -> torch.Tensor:
-        return t.double().mean(dim=(0, 1)).float()
-
-    for k in range(len(clean.mid)):
-        out[f"blocks.{k}.hook_resid_pre"] = mean(clean.pre[k])
-        out[f"blocks.{k}.hook_resid_post"] = mean(clean.pre[k + 1])
-        out[f"blocks.{k}.hook_attn_out"] = mean(clean.mid[k] - clean.pre[k])
-        out[f"blocks.{k}.hook_mlp_out"] = mean(clean.pre[k + 1] - clean.mid[k])
-        if clean.z[k] is not None:
-            out[f"blocks.{k}.attn.hook_z"] = mean(clean.z[k])
-    return out
 
 
 CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchmarks/)
@@ -227,33 +170,39 @@ def engine_sweep(
     *,
     wins: Sequence[Window],
     cleans: Sequence[Clean] | None = None,
+    names: Sequence[str] = (),
     batch_size: int | None = None,
     progress=None,
     on_clean: Callable[[Clean], None] | None = None,
 ) -> pd.DataFrame:
     """Baseline row, then one row per variant: the same table `sweep.sweep` gives.
 
-    `on_clean` sees each window's clean pass (metrics at no extra forward cost). The
-    result's `attrs["engine"]` says how it ran: the batch size and the blocks replayed
-    ("plain", "bridge", or "plain+bridge" when windows differed)."""
+    Each window's clean pass (kept hook points: `names`) is checked by `selfcheck.verify`
+    first (`ReplayMismatch` if the replay does not reproduce it). `on_clean` sees each clean
+    pass (metrics at no extra forward cost). The result's `attrs["engine"]` says how it
+    ran: the batch size and the blocks replayed ("plain", "bridge", or "plain+bridge")."""
+    from blockscope import arch, selfcheck
+
+    lay = arch.layout(model)
     if progress:
         progress(total=len(variants) * len(wins) + 1)
     nlls: list[list[torch.Tensor]] = [[] for _ in variants]
     baseline, how = [], {"replay": set(), "batch_size": set()}
     for wi, w in enumerate(wins):
-        clean = cleans[wi] if cleans is not None else clean_pass(model, tokens, w)
+        clean = cleans[wi] if cleans is not None else clean_pass(
+            model, tokens, w, [*kept_names(lay, len(model.blocks), z=False), *names])
         if on_clean:
             on_clean(clean)
         baseline.append(clean.nll.double().cpu())
-        plain = plain_blocks(model, clean)
-        size = batch_size or default_batch_size(model, w.end - w.begin, plain is not None)
+        plain = selfcheck.verify(model, lay, clean, variants, plain_parts(model))
+        size = (batch_size or default_batch_size(model, w.end - w.begin, True)) if plain else 1
         how["replay"].add("bridge" if plain is None else "plain")
         how["batch_size"].add(size)
         for group in _groups(variants, size):
             with torch.inference_mode(), applied(model, variants[group[0]].hooks):
                 entries = [(variants[i].layer, variants[i].mid, variants[i].resid(clean))
                            for i in group]
-                rows = run_group(model, clean, entries, plain)
+                rows = run_group(model, lay, clean, entries, plain)
             for i, row in zip(group, rows, strict=True):
                 nlls[i].append(row)
             if progress:
@@ -280,20 +229,3 @@ def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:
         else:
             groups.append([i])
     return groups
-
-
-def heads_removed(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | None) -> Callable:
-    """Residual after layer `layer`'s attention with heads scaled by `keep` (n_heads,), the
-    removed part replaced by `fill` (n_heads, d_head): mid - sum_h (1-keep_h)(z_h-fill_h) W_O[h]."""
-
-    idx = (keep != 1).nonzero().flatten()  # only the changed heads: the rest add zero
-
-    def resid(clean: Clean) -> torch.Tensor:
-        z = clean.z[layer][0][:, idx]  # (T, k, d_head)
-        W_O = model.blocks[layer].attn.W_O[idx]  # (k, d_head, d_model)
-        gone = (1 - keep[idx]).to(z)  # (k,)
-        diff = (fill[idx].to(z) if fill is not None else 0) - z  # (T, k, d_head)
-        delta = torch.einsum("h,thd,hde->te", gone, diff, W_O.to(z))  # (T, d_model)
-        return clean.mid[layer] + delta
-
-    return resid

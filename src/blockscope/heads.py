@@ -16,65 +16,39 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.engine import Start, cached_means, clean_pass, engine_sweep, heads_removed
+from blockscope import plan
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import applied, mask_heads
+from blockscope.interventions import Edit, applied, head_edits, mask_heads
 from blockscope.sweep import (
     Progress,
     Variant,
-    clean_means,
     model_windows,
-    perplexity_row,
-    sweep,
-    token_nll,
     window_nll,
     with_change,
 )
 
 ORDERS = ("gradient", "ablation", "random")
-ENGINES = ("cached", "naive")
+ENGINES = plan.ENGINES
 
 
-def _prepare(model, tokens, wins, method: str, engine: str, keep_z: bool):
-    """(clean passes or None, clean NLL or None, fill): what every head sweep starts from.
-
-    fill is None for zero ablation, else each layer's clean mean z over positions
-    (n_heads, d_head). The cached engine keeps every window's clean pass (z too if asked).
-    """
+def _prepare(model, tokens, wins, method: str, engine: str) -> tuple[plan.Prepared, dict]:
+    """The clean passes (or NLL) every head sweep starts from, and `fill`: None for zero
+    ablation, else each layer's clean mean z over positions (n_heads, d_head)."""
     if method not in ("zero", "mean"):
         raise BlockscopeError("--method must be zero or mean")
-    if engine not in ENGINES:
-        raise BlockscopeError(f"--engine must be one of {', '.join(ENGINES)}")
     names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
-    cleans = nll = None
-    if engine == "cached":
-        cleans = [clean_pass(model, tokens, w, keep_z=keep_z or method == "mean") for w in wins]
-        if method == "mean":
-            means = (cached_means(cleans[0]) if len(wins) == 1
-                     else clean_means(model, tokens, wins, names)[1])
-    elif method == "mean":
-        nll, means = clean_means(model, tokens, wins, names)
-    else:
-        nll = token_nll(model, tokens, wins)
-    fill = None if method == "zero" else {i: means[n] for i, n in enumerate(names)}
-    return cleans, nll, fill
+    prepared = plan.prepare(model, tokens, wins, engine_name=engine, heads=True,
+                            mean_names=names if method == "mean" else ())
+    fill = {i: prepared.means[n] for i, n in enumerate(names)} if method == "mean" else None
+    return prepared, fill
 
 
-def _head_sweep(model, tokens, wins, items, *, cleans, nll, fill, batch_size, progress):
+def _head_sweep(model, tokens, wins, items, *, prepared, fill, batch_size, progress):
     """Score `items` = [(label, layer, keep (n_heads,))], each changing one layer's heads."""
-    n_heads = model.cfg.n_heads
-    if cleans is not None:
-        starts = [Start(label, layer, heads_removed(model, layer, keep,
-                                                    fill[layer] if fill else None), mid=True)
-                  for label, layer, keep in items]
-        return engine_sweep(model, tokens, starts, wins=wins, cleans=cleans,
-                            batch_size=batch_size, progress=progress)
-    variants = []
-    for label, layer, keep in items:
-        full = torch.ones(model.cfg.n_layers, n_heads)
-        full[layer] = keep
-        variants.append(Variant(label, mask_heads(full, fill)))
-    return sweep(model, tokens, variants, wins=wins, baseline_nll=nll, progress=progress)
+    variants = [Variant(label, (Edit("heads", layer, fill[layer] if fill else None, keep),))
+                for label, layer, keep in items]
+    return plan.run(model, tokens, variants, wins=wins, prepared=prepared,
+                    batch_size=batch_size, progress=progress)
 
 
 def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -94,14 +68,14 @@ def single_head_ablation(
     layers = _check(layers, cfg.n_layers, "layers")
     heads = _check(heads, cfg.n_heads, "heads")
     wins = model_windows(model, tokens, stride)
-    cleans, nll, fill = _prepare(model, tokens, wins, method, engine, keep_z=True)
+    prepared, fill = _prepare(model, tokens, wins, method, engine)
     items = []
     for layer in layers:
         for head in heads:
             keep = torch.ones(cfg.n_heads)
             keep[head] = 0
             items.append(({"layer": layer, "head": head, "method": method}, layer, keep))
-    df = _head_sweep(model, tokens, wins, items, cleans=cleans, nll=nll, fill=fill,
+    df = _head_sweep(model, tokens, wins, items, prepared=prepared, fill=fill,
                      batch_size=batch_size, progress=progress)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     df.loc[0, "method"] = "none"
@@ -162,9 +136,8 @@ def pruning_curve(
     cfg = model.cfg
     check_pruning(order, step)
     wins = model_windows(model, tokens, stride)
-    cleans, baseline, fill = _prepare(model, tokens, wins, method, engine, keep_z=False)
-    if cleans is not None:
-        baseline = torch.cat([c.nll for c in cleans]).double().cpu()
+    prepared, fill = _prepare(model, tokens, wins, method, engine)
+    base = plan.run(model, tokens, [], wins=wins, prepared=prepared)  # checked, or naive
     n_total = cfg.n_layers * cfg.n_heads
     keep = torch.ones(cfg.n_layers, cfg.n_heads)
     static = None
@@ -178,11 +151,12 @@ def pruning_curve(
         g = torch.Generator().manual_seed(seed)
         perm = torch.randperm(n_total, generator=g).tolist()
         static = [divmod(i, cfg.n_heads) for i in perm]
-    records = [{"step": 0, "heads_removed": 0, **perplexity_row(baseline)}]
+    records = [{"step": 0, "heads_removed": 0,
+                **base.iloc[0][["n_scored", "nll", "perplexity"]].to_dict()}]
     if progress:
         progress(total=n_total + 1)  # at most one step per head
         progress()
-    removed = 0
+    removed, how = 0, {}
     while removed < n_total:
         remaining = n_total - removed
         n = max(1, int(step * remaining)) if step < 1 else min(int(step), remaining)
@@ -195,7 +169,8 @@ def pruning_curve(
         for lh in chosen:
             keep[lh] = 0
         removed += len(chosen)
-        row = _score_mask(model, tokens, wins, keep.clone(), fill, cleans)
+        row, ran = _score_mask(model, tokens, wins, keep.clone(), fill, prepared)
+        how = ran if "fallback" in ran or not how else how
         records.append({"step": len(records), "heads_removed": removed, **row})
         if progress:
             progress(total=len(records) + _steps_left(n_total - removed, step))
@@ -203,6 +178,7 @@ def pruning_curve(
     df = with_change(records)
     df.insert(0, "order", order)
     df.insert(3, "share_removed", df["heads_removed"] / n_total)
+    df.attrs["engine"] = how  # how the steps ran (a fallback, if any step had one)
     return df
 
 
@@ -214,17 +190,11 @@ def _steps_left(remaining: int, step: float) -> int:
     return n
 
 
-def _score_mask(model, tokens, wins, keep: torch.Tensor, fill, cleans) -> dict:
-    """Perplexity with heads scaled by `keep` (n_layers, n_heads), from the first changed
-    layer on when the clean passes are cached."""
-    hooks = mask_heads(keep, fill)
-    if cleans is None:
-        with applied(model, hooks):
-            return perplexity_row(token_nll(model, tokens, wins))
-    first = int((keep != 1).any(dim=1).nonzero()[0])
-    start = Start({}, first, lambda c: c.pre[first], hooks=hooks)
-    df = engine_sweep(model, tokens, [start], wins=wins, cleans=cleans)
-    return df.iloc[1][["n_scored", "nll", "perplexity"]].to_dict()
+def _score_mask(model, tokens, wins, keep: torch.Tensor, fill, prepared) -> tuple[dict, dict]:
+    """Perplexity with heads scaled by `keep` (n_layers, n_heads), and how it ran."""
+    variant = Variant({}, tuple(head_edits(keep, fill)))
+    df = plan.run(model, tokens, [variant], wins=wins, prepared=prepared)
+    return df.iloc[1][["n_scored", "nll", "perplexity"]].to_dict(), df.attrs["engine"]
 
 
 def prunable(curve: pd.DataFrame, tolerance: float) -> pd.Series:
@@ -241,14 +211,14 @@ def one_head_per_layer(
     """For each layer alone: keep only its most important head, other layers intact."""
     cfg = model.cfg
     wins = model_windows(model, tokens, stride)
-    cleans, nll, fill = _prepare(model, tokens, wins, method, engine, keep_z=True)
+    prepared, fill = _prepare(model, tokens, wins, method, engine)
     items = []
     for layer in range(cfg.n_layers):
         kept = int(importance[layer].argmax())
         keep = torch.zeros(cfg.n_heads)
         keep[kept] = 1
         items.append(({"layer": layer, "kept_head": kept}, layer, keep))
-    df = _head_sweep(model, tokens, wins, items, cleans=cleans, nll=nll, fill=fill,
+    df = _head_sweep(model, tokens, wins, items, prepared=prepared, fill=fill,
                      batch_size=batch_size, progress=progress)
     df[["layer", "kept_head"]] = df[["layer", "kept_head"]].astype("Int64")
     return df

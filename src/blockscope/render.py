@@ -10,6 +10,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 
 def fmt(value, spec: str = ",.2f") -> str:
@@ -82,6 +83,6 @@ def heat_grid(values, *, title: str, row_label: str = "layer", spec: str = "+.1%
             level = 0 if top == 0 else min(4, int(5 * abs(x) / top))
             colour = ("grey50", "yellow", "orange1", "red", "bold red")[level] if x >= 0 else (
                 "blue")
-            cells.append(f"[{colour}]{format(x, spec)}[/]")
+            cells.append(Text(format(x, spec), style=colour))
         t.add_row(str(row), *cells)
     return t

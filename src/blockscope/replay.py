@@ -112,29 +112,26 @@ def block_forward(p: Parts, x: torch.Tensor) -> torch.Tensor:
     return mlp_half(p, attn_half(p, x))
 
 
-def agrees(p: Parts | None, x: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether this block's plain replay of input `x` gives the bridge's output `out`."""
-    if p is None:
-        return False
-    got = block_forward(p, x)
-    scale = out.abs().max().clamp_min(1e-12)
-    return bool(((got - out).abs().max() / scale) < 1e-4)
-
-
 VOCAB_CHUNK = 4096  # unembedding rows per matmul: the logits chunk stays in cache
 
 
-def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
+def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Final-logit softcapping (Gemma2): cap * tanh(logits / cap); unchanged without a cap."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
+def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
+              softcap: float | None = None) -> torch.Tensor:
     """NLL (B, n_scored) from final residuals `x` (B, T, d_model): ln_final, then the
     unembedding of all B x n_scored positions at once in vocabulary chunks with a running
-    logsumexp, never materialising T x d_vocab logits. Falls back to the bridge's own
-    unembed, one element at a time, when hooks sit on it."""
+    logsumexp, never materialising T x d_vocab logits; `softcap` as the layout says. Falls
+    back to the bridge's own unembed, one element at a time, when hooks sit on it."""
     normed = model.ln_final(x)  # (B, T, d_model)
     unembed = model.unembed
     linear = getattr(unembed, "original_component", None)
     if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
             or unembed.hook_out.has_hooks()):
-        return torch.stack([nll_from_logits(unembed(n[None])[0], chunk, w)
+        return torch.stack([nll_from_logits(softcapped(unembed(n[None])[0], softcap), chunk, w)
                             for n in normed])
     lo = w.first_target - w.begin
     B, n = normed.shape[0], normed.shape[1] - lo
@@ -146,9 +143,11 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.T
         part = h @ weight[s : s + VOCAB_CHUNK].T  # (B n_scored, chunk)
         if bias is not None:
             part += bias[s : s + VOCAB_CHUNK]
+        part = softcapped(part, softcap)
         chunk_lse = torch.logsumexp(part.float(), dim=-1)
         lse = chunk_lse if lse is None else torch.logaddexp(lse, chunk_lse)
     target = (h * weight[targets]).sum(-1)  # (B n_scored,) the target logits
     if bias is not None:
         target = target + bias[targets]
+    target = softcapped(target, softcap)
     return (lse - target.float()).view(B, n)

@@ -3,6 +3,8 @@
 Rows follow the stream: the embeddings (token + position, `blocks.0.hook_resid_pre`), then for
 each block the stream after its attention half (`hook_resid_mid`) and after the whole block
 (`hook_resid_post`). `after` counts blocks from 1, as the article does; `layer` is 0-based.
+A parallel block (GPT-J, GPT-NeoX, Phi, Falcon) has no point between its halves: its rows
+are the block's output only (`arch.stream_points`).
 """
 
 from __future__ import annotations
@@ -12,16 +14,8 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from blockscope.arch import layout, stream_points
 from blockscope.errors import BlockscopeError
-
-
-def stream_hooks(n_layers: int) -> list[tuple[str, int | None, str]]:
-    """(hook name, layer, label) for every point of the stream, in order."""
-    points = [("blocks.0.hook_resid_pre", None, "embeddings")]
-    for i in range(n_layers):
-        points.append((f"blocks.{i}.hook_resid_mid", i, f"block {i + 1} attn"))
-        points.append((f"blocks.{i}.hook_resid_post", i, f"block {i + 1}"))
-    return points
 
 
 def resid_norms(
@@ -39,7 +33,7 @@ def resid_norms(
         if not -n_pos <= p < n_pos:
             raise BlockscopeError(f"--position {p} is outside the {n_pos} tokens")
     idx = [p % n_pos for p in positions]
-    points = stream_hooks(model.cfg.n_layers)
+    points = stream_points(layout(model), model.cfg.n_layers)
     names = {name for name, _, _ in points}
     with torch.inference_mode():
         _, cache = model.run_with_cache(

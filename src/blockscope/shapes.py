@@ -29,27 +29,54 @@ POINTS = [
     ("residual mid", "hook_resid_mid", "pos d_model", "residual in + attention out"),
     ("ln2 out", "ln2.hook_out", "pos d_model", "layer norm 2 on the mid stream"),
     ("MLP hidden, before activation", "mlp.hook_pre", "pos d_mlp", "after W_in (4 x wider)"),
-    ("MLP hidden, after activation", "mlp.hook_post", "pos d_mlp", "after the GELU"),
+    ("MLP hidden, after activation", "mlp.hook_post", "pos d_mlp",
+     "after the activation (GELU; gate * act(gate) x up in a gated MLP)"),
     ("MLP out", "hook_mlp_out", "pos d_model", "projected back to d_model by W_out"),
     ("residual out", "hook_resid_post", "pos d_model", "residual mid + MLP out"),
 ]
 
 
+def points(model) -> list[tuple[str, str, str, str]]:
+    """POINTS as this model's layout has them: a point it lacks is left out (a parallel block
+    has no mid residual, OLMo 2 no pre-sublayer norms), an MoE's expert hidden states are
+    not one tensor (left out), and grouped-query K/V have their own head count."""
+    from blockscope.arch import layout
+
+    lay = layout(model)
+    moe = type(model.blocks[0].mlp).__name__ == "MoEBridge"
+    out = []
+    for tensor, hook, dims, note in POINTS:
+        if f"blocks.0.{hook}" not in model.hook_dict or (moe and hook.startswith("mlp.hook_")):
+            continue
+        if hook in ("attn.hook_k", "attn.hook_v") and lay.n_key_value_heads != model.cfg.n_heads:
+            dims = "pos n_key_value_heads d_head"
+            note += f" (shared by {model.cfg.n_heads // lay.n_key_value_heads} query heads)"
+        out.append((tensor, hook, dims, note))
+    return out
+
+
 def block_shapes(model, tokens: torch.Tensor, *, block: int = 0) -> pd.DataFrame:
     """One row per tensor: its hook, shape, axis names, the shape the config predicts, a note."""
+    from blockscope.arch import layout
+
     cfg = model.cfg
     if not 0 <= block < cfg.n_layers:
         raise BlockscopeError(f"--block must be between 0 and {cfg.n_layers - 1}")
+    lay = layout(model)
     sizes = {"pos": tokens.shape[-1], "d_model": cfg.d_model, "n_heads": cfg.n_heads,
-             "d_head": cfg.d_head, "d_mlp": cfg.d_mlp}
-    names = {f"blocks.{block}.{hook}" for _, hook, _, _ in POINTS}
+             "d_head": cfg.d_head, "d_mlp": lay.d_mlp, "n_key_value_heads": lay.n_key_value_heads}
+    kept = points(model)
+    names = {f"blocks.{block}.{hook}" for _, hook, _, _ in kept}
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens.to(cfg.device), names_filter=names.__contains__)
     rows = []
-    for tensor, hook, dims, note in POINTS:
+    for tensor, hook, dims, note in kept:
         name = f"blocks.{block}.{hook}"
-        shape = tuple(cache[name].shape[1:])  # drop batch
         expected = tuple(sizes[d] for d in dims.split())
+        act = cache[name]
+        # drop batch (1); a model that flattens batch and pos inside the block (OPT's MLP)
+        # hands a tensor with one axis fewer, whose first axis is then batch x pos
+        shape = tuple(act.shape[1:]) if act.dim() == len(expected) + 1 else tuple(act.shape)
         rows.append({"tensor": tensor, "hook": name, "shape": " x ".join(map(str, shape)),
                      "dims": " x ".join(dims.split()),
                      "expected": " x ".join(map(str, expected)),

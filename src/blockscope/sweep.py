@@ -1,8 +1,9 @@
 """Score a passage under interventions: windows, NLL, and the naive reference sweep.
 
-`sweep(model, tokens, variants)` scores the clean model and each variant (a label plus a hook
-list) with one hooked forward per variant over the same sliding windows, and returns one
-DataFrame row per variant. The cached engine (engine.py) must give the same table.
+`sweep(model, tokens, variants)` scores the clean model and each variant (a label plus its
+`interventions.Edit`s, run as their hooks) with one hooked forward per variant over the same
+sliding windows, and returns one DataFrame row per variant. The cached engine (engine.py)
+must give the same table.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from blockscope.interventions import Hook, applied
+from blockscope.interventions import Edit, applied, hooks
 from blockscope.text import Window, windows
 
 Progress = Callable[..., None]  # cb() advances one step; cb(total=n) sets the total
@@ -25,7 +26,7 @@ class Variant:
     """One intervention to score."""
 
     label: dict  # columns this variant contributes to its row (e.g. {"layer": 3})
-    hooks: list[Hook] = field(default_factory=list)  # TransformerLens fwd hooks
+    edits: tuple[Edit, ...] = field(default_factory=tuple)  # what it changes
 
 
 def default_stride(n_ctx: int) -> int:
@@ -65,8 +66,8 @@ def clean_means(
     sums: dict[str, torch.Tensor] = {}
 
     def accumulator(name: str) -> Callable:
-        def accumulate(act: torch.Tensor, hook=None) -> None:  # act: (1, pos, d)
-            total = act.detach().double().sum(dim=(0, 1))
+        def accumulate(act: torch.Tensor, hook=None) -> None:  # act: (1, pos, ...)
+            total = per_position(act, name).sum(0)
             sums[name] = sums[name] + total if name in sums else total
 
         return accumulate
@@ -75,6 +76,13 @@ def clean_means(
         nll = token_nll(model, tokens, wins)
     count = sum(w.end - w.begin for w in wins)
     return nll, {name: (s / count).float() for name, s in sums.items()}
+
+
+def per_position(act: torch.Tensor, name: str) -> torch.Tensor:
+    """An activation as (batch x pos, *unit) float64: z keeps (n_heads, d_head), the rest
+    their last axis. Some models (OPT's MLP) flatten batch and position inside the block."""
+    unit = 2 if name.endswith("hook_z") else 1
+    return act.detach().double().reshape(-1, *act.shape[-unit:])
 
 
 def perplexity_row(nll: torch.Tensor) -> dict:
@@ -109,7 +117,7 @@ def sweep(
     if progress:
         progress()
     for v in variants:
-        with applied(model, v.hooks):
+        with applied(model, hooks(v.edits)):
             nll = token_nll(model, tokens, wins)
         rows.append({"variant": "ablated", **v.label, **perplexity_row(nll)})
         if progress:

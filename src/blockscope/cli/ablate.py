@@ -20,6 +20,7 @@ from blockscope.cli.common import (
     QuietOpt,
     TextFileOpt,
     app,
+    engine_record,
     err,
     handled,
     out,
@@ -125,7 +126,7 @@ def ablate(
         part=part.value,
         method=method.value,
         engine=engine.value,
-        **df.attrs.get("engine", {"batch_size": batch_size or 1}),
+        **engine_record(df),
         block_metrics="cosine of each block's input and output per token (all but the first "
         "token): block_influence = 1 - mean cos (ShortGPT), angular_distance = mean "
         "arccos(cos)/pi (Gromov et al.)",

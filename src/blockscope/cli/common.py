@@ -22,8 +22,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Literal consoles: a path or model name may contain "[", which must print as itself.
+# Styles come from Text objects (`styled`), never from markup in strings.
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
+
+
+def styled(label: str, style: str, rest: str = ""):
+    """`label` in `style`, then `rest`, as literal text."""
+    from rich.text import Text
+
+    return Text.assemble((label, style), rest)
 
 
 class Dtype(str, Enum):
@@ -79,7 +88,7 @@ def handled(fn):
         try:
             return fn(*args, **kwargs)
         except BlockscopeError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(styled("error: ", "bold red", str(exc)), highlight=False, soft_wrap=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
             err.print("interrupted: nothing was written", highlight=False)
@@ -90,8 +99,8 @@ def handled(fn):
             if os.environ.get("BLOCKSCOPE_DEBUG"):
                 raise
             err.print(
-                f"[bold red]internal error:[/] {type(exc).__name__}: {exc} "
-                "(set BLOCKSCOPE_DEBUG=1 for the traceback)",
+                styled("internal error: ", "bold red", f"{type(exc).__name__}: {exc} "
+                       "(set BLOCKSCOPE_DEBUG=1 for the traceback)"),
                 highlight=False,
                 soft_wrap=True,
             )
@@ -184,6 +193,19 @@ def comma_list(text: str | None, option: str, kind: type = float) -> list | None
     except ValueError:
         what = "whole numbers" if kind is int else "numbers"
         raise BlockscopeError(f"--{option} takes {what} separated by commas, not {text!r}")
+
+
+def engine_record(*frames) -> dict:
+    """How the sweeps behind `frames` ran, for the sidecar: the first one's batch size and
+    replay, and every fallback to the naive loop, each also said on stderr."""
+    runs = [f.attrs["engine"] for f in frames if f.attrs.get("engine")]
+    record = dict(runs[0]) if runs else {}
+    fallbacks = sorted({r["fallback"] for r in runs if "fallback" in r})
+    for message in fallbacks:
+        err.print(styled("warning: ", "yellow", message), highlight=False, soft_wrap=True)
+    if fallbacks:
+        record["fallback"] = fallbacks if len(fallbacks) > 1 else fallbacks[0]
+    return record
 
 
 def model_record(spec) -> dict:

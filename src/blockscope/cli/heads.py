@@ -31,11 +31,13 @@ from blockscope.cli.common import (
     TextFileOpt,
     app,
     comma_list,
+    engine_record,
     err,
     handled,
     out,
     passage_run,
     status,
+    styled,
     write,
 )
 from blockscope.errors import BlockscopeError
@@ -128,7 +130,7 @@ def prune_heads(
         render(per_head, curves, one, sentences, spec.name, cfg)
     meta = run.meta(
         "prune-heads", n_scored=int(curve.loc[0, "n_scored"]), method=method.value,
-        engine=engine.value, **ablation.attrs.get("engine", {"batch_size": batch_size or 1}),
+        engine=engine.value, **engine_record(ablation, *curves, one),
         orders=orders, step=step, tolerance=tolerance, seed=seed,
         layers=layer_ids, heads=head_ids,
         importance="|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
@@ -183,4 +185,4 @@ def render(per_head, curves, one, sentences, name: str, cfg) -> None:
                           "perplexity": ("perplexity", ",.2f"), "ratio": ("x baseline", ".3f")},
                     title="each layer alone down to its most important head"))
     for s in sentences:
-        out.print(f"[bold]{s}[/]", highlight=False)
+        out.print(styled(s, "bold"), highlight=False)

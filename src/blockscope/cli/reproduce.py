@@ -21,6 +21,7 @@ from blockscope.cli.common import (
     handled,
     out,
     status,
+    styled,
     write,
 )
 from blockscope.errors import BlockscopeError
@@ -83,7 +84,8 @@ def reproduce(
     except BlockscopeError as exc:
         missing = str(exc)
         if not quiet:
-            err.print(f"[yellow]without the model:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(styled("without the model: ", "yellow", str(exc)), highlight=False,
+                      soft_wrap=True)
     frames: dict = {}
     with status("measuring what needs no weights", quiet):
         shape_model = lm if lm is not None else rp.gpt2_shape_model()
@@ -184,7 +186,8 @@ def render(table, best, headline) -> None:
                              styles={i: styles[j] for i, j in enumerate(
                                  table.index[table["experiment"] == experiment])}))
     if best:
-        out.print(f"residual norms: closest variant [bold]{best[0]}[/] ({best[1]} of {best[2]} "
-                  "within rounding)", highlight=False)
+        out.print(styled("residual norms: closest variant ", "", "").append(
+            best[0], "bold").append(f" ({best[1]} of {best[2]} within rounding)"),
+            highlight=False)
     if headline:
-        out.print(f"[bold]prune-heads:[/] {headline}", highlight=False)
+        out.print(styled("prune-heads: ", "bold", headline), highlight=False)

@@ -1,0 +1,148 @@
+"""The one place that knows each architecture's block layout.
+
+TransformerLens's adapters map every family onto the same hook names (`hook_resid_pre`,
+`hook_attn_out`, `attn.hook_z`, ...); they are the source here. What blockscope adds is the
+few facts its experiments and its engine depend on, checked against the loaded bridge at run
+time, and a refusal for any family nobody has checked:
+
+- `parallel`: attention and MLP read the same input and both write to the stream
+  (GPT-J, GPT-NeoX/Pythia, Phi, Falcon): there is no mid-block residual.
+- `post_norms`: a norm sits on a sublayer's output before it joins the stream
+  (Gemma2/3, OLMo 2): a head's write is then not linear in the stream.
+- `softcap`: final-logit softcapping (Gemma2): logits = c * tanh(logits / c).
+
+Everything else an experiment needs (which hook points exist, where W_O is) is read off the
+bridge. A family is listed only once the test matrix holds it to plain-transformers
+references (tests/test_families.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blockscope.errors import BlockscopeError
+
+# HF model_type -> family name shown to users. Each is held to references by the tests.
+FAMILIES = {
+    "gpt2": "GPT-2", "gpt_neo": "GPT-Neo", "gpt_neox": "GPT-NeoX/Pythia", "gptj": "GPT-J",
+    "opt": "OPT", "bloom": "BLOOM", "falcon": "Falcon", "llama": "Llama",
+    "mistral": "Mistral", "mixtral": "Mixtral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+    "gemma": "Gemma", "gemma2": "Gemma2", "gemma3_text": "Gemma3", "phi": "Phi",
+    "phi3": "Phi-3", "olmo2": "OLMo 2", "stablelm": "StableLM", "gpt_bigcode": "GPT-BigCode",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a block is, for the experiments and the engine."""
+
+    family: str  # user-facing family name (FAMILIES)
+    parallel: bool  # attention and MLP in parallel: no hook_resid_mid
+    post_norms: bool  # a norm on a sublayer's output before the stream (ln1_post/ln2_post)
+    pre_mlp_norm: bool  # the MLP half reads ln2(x) (False: OLMo 2 reads x itself)
+    softcap: float | None  # final-logit softcapping constant, or None
+    mlp_alone: bool  # the MLP half can run alone from the mid residual (not BLOOM's, whose
+    #   MLP adds the residual itself): entering there is possible
+    n_key_value_heads: int  # K/V heads (= n_heads unless grouped- or multi-query)
+    d_mlp: int  # the MLP's hidden width, from the HF config (TransformerLens's cfg.d_mlp is
+    #   not always it: OPT's ffn_dim)
+
+    @property
+    def has_mid(self) -> bool:
+        """Whether the stream has a point between the attention and MLP halves."""
+        return not self.parallel
+
+    @property
+    def linear_heads(self) -> bool:
+        """Whether each head's write to the stream is z_h @ W_O[h] (plus the shared bias)."""
+        return not self.post_norms
+
+
+def _hf_config(model):
+    hf = getattr(model, "original_model", None)
+    config = getattr(hf, "config", None)
+    if config is None:
+        raise BlockscopeError("this model has no Hugging Face config: blockscope needs one")
+    return getattr(config, "text_config", None) or config
+
+
+def layout(model) -> Layout:
+    """The layout of a loaded TransformerBridge, or one clear refusal.
+
+    The facts come from the bridge's own block type and submodules (TransformerLens's
+    adapters); the family must be one the tests check, and the HF config must agree."""
+    from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
+
+    config = _hf_config(model)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise BlockscopeError(
+            f"architecture {model_type!r} has not been checked by blockscope; checked: "
+            + ", ".join(sorted(set(FAMILIES.values())))
+        )
+    if model_type == "opt" and not getattr(config, "do_layer_norm_before", True):
+        raise BlockscopeError("OPT with layer norm after each sublayer (opt-350m) has not "
+                              "been checked by blockscope")
+    blocks = list(model.blocks)
+    kinds = {(isinstance(b, ParallelBlockBridge), "ln1_post" in b._modules,
+              "ln2_post" in b._modules, "ln2" in b._modules) for b in blocks}
+    if len(kinds) != 1:
+        raise BlockscopeError(f"{FAMILIES[model_type]}: blocks of different layouts in one "
+                              "model are not supported")
+    parallel, ln1_post, ln2_post, ln2 = kinds.pop()
+    if parallel and (ln1_post or ln2_post):
+        raise BlockscopeError(f"{FAMILIES[model_type]}: a parallel block with post-sublayer "
+                              "norms is not a layout blockscope knows")
+    _agree(model_type, config, parallel)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    cfg = model.cfg
+    return Layout(
+        family=FAMILIES[model_type], parallel=parallel, post_norms=ln1_post or ln2_post,
+        pre_mlp_norm=ln2 or parallel, softcap=float(softcap) if softcap else None,
+        mlp_alone=model_type != "bloom",
+        n_key_value_heads=int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads),
+        d_mlp=_d_mlp(config, cfg.d_model),
+    )
+
+
+def _d_mlp(config, d_model: int) -> int:
+    for key in ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 4 * d_model  # GPT-2, GPT-Neo, GPT-J, BLOOM: unset means 4 d_model
+
+
+# Config flags that say "parallel" for the families whose config has one.
+_PARALLEL_FLAGS = {"gpt_neox": "use_parallel_residual", "stablelm": "use_parallel_residual"}
+
+
+def _agree(model_type: str, config, parallel: bool) -> None:
+    """Refuse when the bridge's block type contradicts the HF config: a silent guess about
+    the layout would give wrong numbers."""
+    expected = None
+    if model_type in _PARALLEL_FLAGS:
+        expected = bool(getattr(config, _PARALLEL_FLAGS[model_type], False))
+    elif model_type == "falcon":
+        expected = bool(config.parallel_attn or config.new_decoder_architecture)
+    elif model_type in ("gptj", "phi"):
+        expected = True
+    elif model_type in ("gpt2", "llama", "mistral", "qwen2", "gemma", "gemma2", "olmo2"):
+        expected = False
+    if expected is not None and expected != parallel:
+        raise BlockscopeError(
+            f"{FAMILIES[model_type]}: TransformerLens bridges these blocks as "
+            f"{'parallel' if parallel else 'sequential'} but the config says otherwise; "
+            "refusing rather than guessing"
+        )
+
+
+def stream_points(lay: Layout, n_layers: int) -> list[tuple[str, int | None, str]]:
+    """(hook name, layer, label) for every point of the residual stream, in order: the
+    embeddings, then per block its mid point (sequential blocks only) and its output."""
+    points = [("blocks.0.hook_resid_pre", None, "embeddings")]
+    for i in range(n_layers):
+        if lay.has_mid:
+            points.append((f"blocks.{i}.hook_resid_mid", i, f"block {i + 1} attn"))
+        points.append((f"blocks.{i}.hook_resid_post", i, f"block {i + 1}"))
+    return points

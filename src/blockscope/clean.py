@@ -1,0 +1,156 @@
+"""The clean pass: one hooked forward per window, keeping what every variant starts from.
+
+It keeps each block's input (`hook_resid_pre`; and, where a user's hook sits there, the value
+before it), the hook points the layout needs (`kept_names`), the arguments the model hands
+each block (any K/V cache dropped), the NLL of every scored token, and the model's own NLL
+for the last scored positions (from HF's logits) for the engine's self-check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blockscope import replay
+from blockscope.interventions import applied
+from blockscope.sweep import nll_from_logits, per_position
+from blockscope.text import Window
+
+
+@dataclass
+class Clean:
+    """What the clean pass of one window keeps (batch of 1, on the model's device)."""
+
+    window: Window
+    chunk: torch.Tensor  # (1, T) token ids fed
+    replay: list[tuple[tuple, dict]]  # per block: the args the model passed it, cache removed
+    pre: list[torch.Tensor]  # n_layers + 1 of (1, T, d_model); pre[n_layers] enters ln_final
+    acts: dict[str, torch.Tensor]  # other kept hook points, by name: (1, T, ...)
+    nll: torch.Tensor  # (n_scored,) clean next-token NLL
+    ref_nll: torch.Tensor  # (k,) the last k of it from the model's own logits (self-check)
+    raw: dict[int, torch.Tensor]  # block inputs before a user's hooks on hook_resid_pre,
+    #   for the blocks that have such hooks: re-entering there must not apply them twice
+
+    def entering(self, layer: int) -> torch.Tensor:
+        """What block `layer` receives, to run it again with its own hooks."""
+        return self.raw.get(layer, self.pre[layer])
+
+    def act(self, name: str, layer: int) -> torch.Tensor:
+        return self.acts[f"blocks.{layer}.{name}"]
+
+
+def kept_names(lay, n_layers: int, z: bool) -> list[str]:
+    """The hook points a clean pass keeps besides the block inputs, for this layout."""
+    per = ["hook_resid_mid"] if lay.has_mid else ["hook_attn_out", "hook_mlp_out"]
+    per += (["attn.hook_z"] + (["hook_attn_out"] if lay.has_mid else [])) if z else []
+    return [f"blocks.{i}.{n}" for i in range(n_layers) for n in per]
+
+
+def _no_cache(value):
+    return None if type(value).__name__.endswith("Cache") else value
+
+
+def clean_pass(model, tokens: torch.Tensor, w: Window, names=()) -> Clean:
+    """One hooked forward of window `w`, keeping each block's input and the `names` asked
+    for (`kept_names`), and the arguments each block was called with (any K/V cache
+    dropped, positional or keyword, so replays never append to it)."""
+    n = model.cfg.n_layers
+    chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
+    pre, acts, args_of = [None] * (n + 1), {}, [None] * n
+
+    def keep(i=None, name=None):
+        def hook(act, hook=None):
+            if name is None:
+                pre[i] = act.detach()
+            else:
+                acts[name] = act.detach()
+
+        return hook
+
+    hooks = [(f"blocks.{i}.hook_resid_pre", keep(i)) for i in range(n)]
+    hooks += [(name, keep(name=name)) for name in names]
+    hooks.append(("ln_final.hook_in", keep(n)))
+
+    def record(i):
+        def pre_hook(module, args, kwargs):
+            kwargs = {k: _no_cache(v) for k, v in kwargs.items()}
+            args_of[i] = (tuple(_no_cache(a) for a in args[1:]), {**kwargs, "use_cache": False})
+
+        return pre_hook
+
+    handles = [b.register_forward_pre_hook(record(i), with_kwargs=True)
+               for i, b in enumerate(model.blocks)]
+    raw, firsts = {}, []
+
+    def keep_raw(i):
+        def hook(act, hook=None):
+            raw[i] = act.detach()
+
+        return hook
+
+    for i, b in enumerate(model.blocks):  # before the user's own hooks there
+        if b.hook_in.has_hooks():
+            firsts.append((b.hook_in, b.hook_in.add_hook(keep_raw(i), prepend=True)))
+    try:
+        with torch.inference_mode(), applied(model, hooks):
+            if _last_logits_only(model):  # score from the final residual, chunked
+                keep = min(REF_POSITIONS, w.end - w.first_target) + 1
+                logits = model(chunk, return_type="logits", logits_to_keep=keep)  # (1, k+1, V)
+                nll = replay.final_nll(model, pre[n], chunk, w, _softcap(model))[0]
+                ref = _nll_of_last(logits[0, :-1], chunk[0, 1 - keep:])
+            else:
+                logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
+                nll = ref = nll_from_logits(logits[0], chunk, w)
+    finally:
+        for h in handles:
+            h.remove()
+        for point, handle in firsts:
+            handle.hook.remove()
+            point.fwd_hooks.remove(handle)
+    return Clean(w, chunk, args_of, pre, acts, nll, ref, raw)
+
+
+REF_POSITIONS = 16  # the clean pass's last scored positions also scored from HF's logits
+
+
+def _nll_of_last(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """NLL (k,) of `targets` (k,) from the logits (k, d_vocab) that predict them."""
+    return -logits.float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+
+
+def _softcap(model) -> float | None:
+    from blockscope.arch import layout
+
+    return layout(model).softcap
+
+
+def _last_logits_only(model) -> bool:
+    """Whether the clean pass may ask HF for the last position's logits only (the NLL then
+    comes from the kept final residual, as in every variant): the HF model must take
+    `logits_to_keep` and no hook may sit on the unembedding, which would see one position."""
+    import inspect
+
+    hf = getattr(model, "original_model", None)
+    try:
+        takes = "logits_to_keep" in inspect.signature(hf.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return takes and not (model.unembed.hook_in.has_hooks() or model.unembed.hook_out.has_hooks())
+
+
+def cached_means(clean: Clean, names) -> dict[str, torch.Tensor]:
+    """Each kept hook point's clean mean over positions (what `sweep.clean_means` hooks
+    for), from one window's cache; block inputs and outputs come from `pre`."""
+    out = {}
+    for name in names:
+        layer, point = name.split(".", 2)[1:]
+        layer = int(layer)
+        if point == "hook_resid_pre":
+            t = clean.pre[layer]
+        elif point == "hook_resid_post":
+            t = clean.pre[layer + 1]
+        else:
+            t = clean.acts[name]
+        out[name] = per_position(t, name).mean(0).float()
+    return out

@@ -1,0 +1,111 @@
+"""The engine checks itself on every clean pass before any variant is reported.
+
+For each window, on one block of each kind (the first of every kind, and the last block),
+the engine's replay must reproduce the clean pass to `REL` relative (max abs difference over
+max abs value), from every entry kind the sweep uses:
+
+- a whole block from its input (the bridge block with its recorded arguments; and the
+  plain replay, when there is one, which is dropped if it alone disagrees);
+- the MLP half from the mid residual, when a variant enters there;
+- a layer's attention write as sum_h z_h W_O[h] + b_O, when a variant's heads are
+  subtracted that way; a parallel block's output as input + both writes, when a half is;
+- the final norm and unembedding (softcapping included) from the last residual: the NLL,
+  against the model's own logits for the window's last scored positions.
+
+A failure raises `ReplayMismatch`, and `engine.run` scores the whole sweep with the naive
+loop instead, saying so. Never a silent wrong number.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blockscope import engine, replay
+from blockscope.engine import Clean, ReplayMismatch, fused_gelu
+
+REL = 1e-5  # float32; half precision gets its own rounding scale (see tolerance)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """1e-5 in float32; in half precision a few units of its rounding (eps * 8)."""
+    return REL if dtype in (torch.float32, torch.float64) else float(torch.finfo(dtype).eps) * 8
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def block_kinds(model) -> list[int]:
+    """One representative layer per block kind: the HF block class and, where the config
+    says so, the layer's attention type (sliding or global); plus the last block."""
+    hf = getattr(model, "original_model", None)
+    config = getattr(getattr(hf, "config", None), "text_config", None) or getattr(
+        hf, "config", None)
+    types = (getattr(config, "layer_types", None) or getattr(config, "attention_layers", None)
+             or [])
+    seen, reps = set(), []
+    for j, block in enumerate(model.blocks):
+        inner = getattr(block, "original_component", block)
+        attn = getattr(block.attn, "original_component", None)
+        key = (type(inner).__name__, types[j] if j < len(types) else None,
+               getattr(attn, "sliding_window", None), getattr(attn, "is_sliding", None))
+        if key not in seen:
+            seen.add(key)
+            reps.append(j)
+    last = len(model.blocks) - 1
+    return reps if last in reps else reps + [last]
+
+
+def verify(model, lay, clean: Clean, starts, plain):
+    """Check the replay against `clean` for the entries `starts` use; return the plain
+    parts to use (None: the bridge's blocks), or raise ReplayMismatch."""
+    tol = tolerance(clean.pre[0].dtype)
+    mids = any(s.mid for s in starts)
+    relies = {s.relies_on for s in starts}
+    with torch.inference_mode(), fused_gelu(model):
+        for j in block_kinds(model):
+            # block j's output is what block j+1 receives, before that block's own hooks
+            x, want = clean.entering(j), clean.entering(j + 1)
+            err = _rel(engine.block_step(model, clean, j, x, None), want)
+            if err > tol:
+                raise ReplayMismatch(f"replaying block {j} gives its output to {err:.1e} "
+                                     f"relative (allowed {tol:.0e})")
+            if plain is not None and _rel(engine.block_step(model, clean, j, x, plain), want) > tol:
+                plain = None  # the plain replay only: the bridge's blocks will run
+            if mids:
+                mid = clean.act("hook_resid_mid", j)
+                for p in ([None] if plain is None else [None, plain]):
+                    err = _rel(engine.mlp_step(model, lay, j, mid, p), want)
+                    if err > tol:
+                        raise ReplayMismatch(f"block {j}'s MLP half from its mid residual "
+                                             f"gives its output to {err:.1e} relative")
+            if "heads" in relies:
+                _check_heads(model, lay, clean, j, tol)
+            if "halves" in relies:
+                err = _rel(clean.pre[j] + clean.act("hook_attn_out", j)
+                           + clean.act("hook_mlp_out", j),
+                           want)
+                if err > tol:
+                    raise ReplayMismatch(f"block {j}'s output is not its input plus its two "
+                                         f"writes ({err:.1e} relative)")
+        got = replay.final_nll(model, clean.pre[-1], clean.chunk, clean.window, lay.softcap)[0]
+        err = max(_rel(got, clean.nll), _rel(got[-len(clean.ref_nll):], clean.ref_nll))
+        if err > tol:
+            raise ReplayMismatch(f"the final norm and unembedding give the clean NLL to "
+                                 f"{err:.1e} relative")
+    return plain
+
+
+def _check_heads(model, lay, clean: Clean, j: int, tol: float) -> None:
+    """A layer's attention write must be sum_h z_h W_O[h] + b_O for heads to be removed by
+    subtracting their terms."""
+    attn = model.blocks[j].attn
+    z = clean.act("attn.hook_z", j)  # (1, T, n_heads, d_head)
+    write = clean.act("hook_attn_out", j)  # (1, T, d_model)
+    b_O = getattr(attn, "b_O", None)
+    got = torch.einsum("bthd,hde->bte", z, attn.W_O.to(z)) + (0 if b_O is None else b_O)
+    err = _rel(got, write)
+    if err > tol:
+        raise ReplayMismatch(f"block {j}'s attention write is not the sum of its heads' "
+                             f"z @ W_O ({err:.1e} relative)")

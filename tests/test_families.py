@@ -1,0 +1,217 @@
+"""Every family blockscope checks, held to plain-transformers references written here.
+
+One tiny random-weight checkpoint per family (blockscope.toy.FAMILY_CONFIGS). The references
+use only the HF model and torch forward hooks on its own modules: a block skipped by a hook
+that returns its input; a half removed (or mean-replaced) at the module whose output joins
+the stream; a head removed by zeroing (or mean-filling) its slice of the output projection's
+input. Every experiment, both engines, must give the reference's numbers.
+"""
+
+import pytest
+import torch
+
+from blockscope.ablate import block_ablation
+from blockscope.arch import FAMILIES, layout
+from blockscope.heads import pruning_curve, single_head_ablation
+from blockscope.loading import load_model, spec_for
+from blockscope.resid_norm import resid_norms
+from blockscope.shapes import block_shapes
+from blockscope.text import tokenize
+from blockscope.toy import FAMILY_CONFIGS, save_checkpoint
+
+REL = 1e-5
+N_TOKENS = 24
+
+# Per family, under each decoder layer: the module whose output is attention's write to the
+# stream, the MLP's write, and attention's output projection (its input: the heads' z).
+# Bloom's attention and MLP add the residual themselves, after `dense`/`dense_4h_to_h`.
+WRITES = {
+    "gpt2": ("attn.c_proj", "mlp.c_proj", "attn.c_proj"),
+    "gpt_neo": ("attn.attention.out_proj", "mlp.c_proj", "attn.attention.out_proj"),
+    "gpt_neox": ("attention.dense", "mlp.dense_4h_to_h", "attention.dense"),
+    "gptj": ("attn.out_proj", "mlp.fc_out", "attn.out_proj"),
+    "opt": ("self_attn.out_proj", "fc2", "self_attn.out_proj"),
+    "bloom": ("self_attention.dense", "mlp.dense_4h_to_h", "self_attention.dense"),
+    "falcon": ("self_attention.dense", "mlp.dense_4h_to_h", "self_attention.dense"),
+    "gemma2": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
+    "gemma3": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
+    "olmo2": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
+    "phi": ("self_attn.dense", "mlp.fc2", "self_attn.dense"),
+    "gpt_bigcode": ("attn.c_proj", "mlp.c_proj", "attn.c_proj"),
+}
+LLAMA_LIKE = ("self_attn.o_proj", "mlp.down_proj", "self_attn.o_proj")
+MOE = ("self_attn.o_proj", "mlp", "self_attn.o_proj")  # the whole sparse-MoE block's output
+
+
+def writes(family):
+    return WRITES.get(family, MOE if family == "mixtral" else LLAMA_LIKE)
+
+
+def test_every_checked_family_has_a_tiny_config():
+    assert set(FAMILY_CONFIGS) - {"gemma3"} | {"gemma3_text"} == set(FAMILIES)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILY_CONFIGS))
+def fam(request, tmp_path_factory, alice_text):
+    from transformers import AutoModelForCausalLM
+
+    family = request.param
+    path = save_checkpoint(family, tmp_path_factory.mktemp(family) / family)
+    model = load_model(spec_for(str(path), device="cpu"))
+    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    ids = tokenize(model.tokenizer, alice_text, prepend_bos=True, max_tokens=N_TOKENS)
+    return family, model, hf, ids
+
+
+def layers(hf):
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        mod = hf
+        try:
+            for part in path.split("."):
+                mod = getattr(mod, part)
+        except AttributeError:
+            continue
+        return list(mod)
+    raise AssertionError("no decoder layers found")
+
+
+def hf_nll(hf, ids, hooks=()) -> float:
+    """Mean next-token NLL from HF's own loss, with forward hooks on its modules."""
+    handles = [register(m) for m, register in hooks]
+    try:
+        with torch.inference_mode():
+            return float(hf(ids, labels=ids, use_cache=False).loss)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def output_hook(module, fn):
+    """(module, register): replace the module's (first) output by fn(output, inputs)."""
+
+    def hook(mod, args, kwargs, out):
+        first = out[0] if isinstance(out, tuple) else out
+        x = args[0] if args else kwargs["hidden_states"]
+        new = fn(first, x)
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    return module, lambda m: m.register_forward_hook(hook, with_kwargs=True)
+
+
+def input_hook(module, fn):
+    """(module, register): replace the module's first input by fn(input)."""
+
+    def hook(mod, args):
+        return (fn(args[0]), *args[1:])
+
+    return module, lambda m: m.register_forward_pre_hook(hook)
+
+
+def sub(layer, path):
+    for part in path.split("."):
+        layer = getattr(layer, part)
+    return layer
+
+
+def hf_means(hf, ids, family, d_head) -> dict:
+    """Clean means over positions: each block's contribution, each write, each head's z."""
+    out, hooks = {}, []
+    attn_w, mlp_w, o_proj = writes(family)
+    for i, layer in enumerate(layers(hf)):
+        def keep(key):  # OPT's MLP sees (batch x pos, d): average every row
+            return lambda y, x: out.__setitem__(key, y.double().reshape(-1, y.shape[-1])
+                                                .mean(0)) or y
+
+        def keep_block(key):
+            return lambda y, x: out.__setitem__(key, (y - x).double().mean(dim=(0, 1))) or y
+
+        hooks += [output_hook(layer, keep_block(("block", i))),
+                  output_hook(sub(layer, attn_w), keep(("attn", i))),
+                  output_hook(sub(layer, mlp_w), keep(("mlp", i))),
+                  input_hook(sub(layer, o_proj),
+                             lambda z, i=i: out.__setitem__(("heads", i), z.double().reshape(
+                                 -1, z.shape[-1]).mean(0).view(-1, d_head)) or z)]
+    hf_nll(hf, ids, hooks)
+    return out
+
+
+def reference_part(hf, ids, family, part, layer, fill=None) -> float:
+    mod = layers(hf)[layer]
+    if part == "block":
+        fn = (lambda y, x: x) if fill is None else (lambda y, x: x + fill.to(x))
+        return hf_nll(hf, ids, [output_hook(mod, fn)])
+    path = writes(family)[0 if part == "attn" else 1]
+    fn = (lambda y, x: torch.zeros_like(y)) if fill is None else (
+        lambda y, x: fill.to(y).expand_as(y).clone())
+    return hf_nll(hf, ids, [output_hook(sub(mod, path), fn)])
+
+
+def reference_head(hf, ids, family, layer, head, d_head, fill=None) -> float:
+    def fn(z):
+        z = z.clone()
+        sl = slice(head * d_head, (head + 1) * d_head)
+        z[..., sl] = 0 if fill is None else fill[head].to(z)
+        return z
+
+    return hf_nll(hf, ids, [input_hook(sub(layers(hf)[layer], writes(family)[2]), fn)])
+
+
+def close(got, want):
+    assert got == pytest.approx(want, rel=REL), (got, want)
+
+
+def test_baseline_and_every_part_and_method_match_the_reference(fam):
+    family, model, hf, ids = fam
+    n_scored = ids.shape[-1] - 1
+    means = hf_means(hf, ids, family, model.cfg.d_head)
+    for part in ("block", "attn", "mlp"):
+        for method in ("zero", "mean"):
+            runs = {e: block_ablation(model, ids, part=part, method=method, engine=e)
+                    for e in ("naive", "cached")}
+            assert "fallback" not in runs["cached"].attrs["engine"], runs["cached"].attrs
+            for df in runs.values():
+                assert df.loc[0, "nll"] == pytest.approx(hf_nll(hf, ids), rel=REL)
+                assert (df["n_scored"] == n_scored).all()
+                for i in range(model.cfg.n_layers):
+                    fill = means[(part, i)] if method == "mean" else None
+                    close(df.loc[i + 1, "nll"], reference_part(hf, ids, family, part, i, fill))
+
+
+def test_single_heads_match_the_reference(fam):
+    family, model, hf, ids = fam
+    means = hf_means(hf, ids, family, model.cfg.d_head)
+    layer = model.cfg.n_layers - 2  # one layer with a later block: a full replay after it
+    for method in ("zero", "mean"):
+        for engine in ("naive", "cached"):
+            df = single_head_ablation(model, ids, method=method, engine=engine, layers=[layer])
+            assert "fallback" not in df.attrs["engine"]
+            for row in df.iloc[1:].itertuples():
+                fill = means[("heads", layer)] if method == "mean" else None
+                close(row.nll, reference_head(hf, ids, family, layer, row.head,
+                                              model.cfg.d_head, fill))
+
+
+def test_pruning_curve_engine_equals_naive(fam):
+    _, model, _, ids = fam
+    kw = dict(order="random", step=0.25, seed=1)
+    naive, fast = (pruning_curve(model, ids, engine=e, **kw) for e in ("naive", "cached"))
+    assert naive["heads_removed"].equals(fast["heads_removed"])
+    assert torch.allclose(torch.tensor(fast["nll"].tolist()), torch.tensor(naive["nll"].tolist()),
+                          rtol=REL, atol=0)
+
+
+def test_resid_norm_and_shapes_follow_the_layout(fam):
+    family, model, hf, ids = fam
+    lay = layout(model)
+    df = resid_norms(model, ids)
+    with torch.inference_mode():
+        hidden = hf(ids, output_hidden_states=True, use_cache=False).hidden_states
+    posts = df[df["hook"].str.endswith("hook_resid_post")].reset_index()
+    # HF's hidden_states[k] is block k's input; its last one is after the final norm
+    for k in range(model.cfg.n_layers - 1):
+        close(posts.loc[k, "norm"], float(hidden[k + 1][0, -1].norm()))
+    close(df.loc[0, "norm"], float(hidden[0][0, -1].norm()))
+    assert df["hook"].str.endswith("hook_resid_mid").any() == lay.has_mid
+    shapes = block_shapes(model, ids)
+    assert shapes["matches"].all(), shapes[~shapes["matches"]]
+    assert shapes["hook"].str.endswith("hook_resid_mid").any() == lay.has_mid

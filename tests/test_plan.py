@@ -1,0 +1,86 @@
+"""How sweeps run: one definition per intervention, a user's hooks honoured by the engine,
+and a broken replay caught by the self-check, which falls back to the naive loop."""
+
+import pytest
+import torch
+
+from blockscope import replay
+from blockscope.ablate import block_ablation
+from blockscope.heads import single_head_ablation
+from blockscope.interventions import Edit, applied, hooks
+from blockscope.loading import load_model, spec_for
+from blockscope.text import tokenize
+from blockscope.toy import save_checkpoint
+
+REL = 1e-5
+
+
+def same(a, b):
+    assert torch.allclose(torch.tensor(a["nll"].tolist()), torch.tensor(b["nll"].tolist()),
+                          rtol=REL, atol=0), (a["nll"].tolist(), b["nll"].tolist())
+
+
+@pytest.fixture(scope="module")
+def ids(tiny, alice_text):
+    return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=40)
+
+
+def test_an_edit_is_defined_once_as_hooks():
+    fill = torch.ones(4, 16)
+    (name, _), = hooks([Edit("heads", 2, fill, torch.tensor([1.0, 0, 1, 1]))])
+    assert name == "blocks.2.attn.hook_z"
+    assert [n for n, _ in hooks([Edit("block", 1)])] == ["blocks.1.hook_resid_pre",
+                                                          "blocks.1.hook_resid_post"]
+    assert [n for n, _ in hooks([Edit("mlp", 0)])] == ["blocks.0.hook_mlp_out"]
+    with pytest.raises(ValueError):
+        Edit("heads", 0)  # heads need `keep`
+
+
+@pytest.mark.parametrize("point", ["blocks.1.hook_resid_post", "blocks.1.hook_resid_mid",
+                                   "blocks.1.attn.hook_z", "blocks.1.hook_resid_pre",
+                                   "blocks.0.hook_resid_pre"])
+def test_a_users_hook_gives_the_same_numbers_through_the_engine(tiny, ids, point):
+    # a shift along a fixed direction: a scale or a uniform shift would vanish in a norm
+    direction = torch.linspace(-1.0, 1.0, tiny.cfg.d_model)
+    shift = [(point, lambda act, hook=None: act + (direction if act.shape[-1] == direction.numel()
+                                                    else 0.5))]
+    with applied(tiny, shift):
+        runs = {e: (block_ablation(tiny, ids, part="attn", engine=e),
+                    block_ablation(tiny, ids, part="block", engine=e),
+                    single_head_ablation(tiny, ids, engine=e, layers=[0, 1]))
+                for e in ("naive", "cached")}
+    for naive, cached in zip(runs["naive"], runs["cached"], strict=True):
+        assert "fallback" not in cached.attrs["engine"]
+        same(naive, cached)
+    unhooked = single_head_ablation(tiny, ids, layers=[0, 1])
+    assert (unhooked["nll"] - runs["naive"][2]["nll"]).abs().max() > 1e-3  # the hook matters
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory, alice_text):
+    model = load_model(spec_for(str(save_checkpoint(
+        "gemma2", tmp_path_factory.mktemp("g2") / "gemma2")), device="cpu"))
+    return model, tokenize(model.tokenizer, alice_text, prepend_bos=True, max_tokens=30)
+
+
+def test_a_broken_replay_is_caught_and_the_naive_loop_runs(gemma2, monkeypatch):
+    """Softcapping left out of the replayed unembedding: the self-check sees it against the
+    model's own logits, the sweep falls back, and the numbers are the naive loop's."""
+    model, ids = gemma2
+    naive = block_ablation(model, ids, engine="naive")
+    monkeypatch.setattr(replay, "softcapped", lambda logits, cap: logits)
+    cached = block_ablation(model, ids)
+    assert "unembedding" in cached.attrs["engine"]["fallback"]
+    assert cached.attrs["engine"]["replay"] == "naive"
+    same(naive, cached)
+
+
+def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
+    from blockscope import engine
+
+    naive = block_ablation(tiny, ids, part="mlp", engine="naive")
+    monkeypatch.setattr(engine, "plain_parts", lambda model: None)  # the bridge's blocks
+    monkeypatch.setattr(engine, "block_step", lambda m, c, j, x, p: 1.001 * x)
+    cached = block_ablation(tiny, ids, part="mlp")
+    assert "replaying block" in cached.attrs["engine"]["fallback"]
+    same(naive, cached)
