@@ -284,3 +284,36 @@ def test_ablate_naive_engine_is_recorded(run, tiny_dir, tmp_path):
     meta = json.loads((tmp_path / "ablate-tiny-gpt2-alice.json").read_text())
     assert meta["engine"] == "naive" and meta["batch_size"] == 1 and meta["replay"] == "naive"
     assert "fallback" not in meta
+
+
+@pytest.mark.parametrize("name", ["[draft]a.txt", "a[/]b.txt", "[bold]x[/bold].txt"])
+def test_messages_print_paths_literally(run, tmp_path, name):
+    res = run("ablate", "--text", tmp_path / name, "--out-dir", tmp_path)
+    assert res.exit_code == 1
+    assert f"{tmp_path / name}: no such file" in " ".join(res.stderr.split())
+    assert "Traceback" not in res.output
+
+
+def test_a_fallback_is_said_and_recorded(run, tiny_dir, tmp_path, monkeypatch):
+    from blockscope import engine
+
+    monkeypatch.setattr(engine, "block_step", lambda m, c, j, x, p: 1.001 * x)
+    monkeypatch.setattr(engine, "plain_parts", lambda model: None)
+    res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 30, "--no-plot",
+              "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "warning: the cached engine's self-check failed" in " ".join(res.stderr.split())
+    meta = json.loads((tmp_path / "ablate-tiny-gpt2-alice.json").read_text())
+    assert "naive loop" in meta["fallback"] and meta["replay"] == "naive"
+
+
+def test_reproduce_stops_on_a_broken_checkpoint(run, tiny_dir, tmp_path):
+    """Only a model that is unreachable (offline, not cached) lets reproduce go on."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors at all")
+    res = run("reproduce", "--model", broken, "--out-dir", tmp_path / "out", "--no-prune")
+    assert res.exit_code == 1, res.output
+    assert "cannot" in res.stderr and not (tmp_path / "out").exists()

@@ -215,3 +215,19 @@ def test_resid_norm_and_shapes_follow_the_layout(fam):
     shapes = block_shapes(model, ids)
     assert shapes["matches"].all(), shapes[~shapes["matches"]]
     assert shapes["hook"].str.endswith("hook_resid_mid").any() == lay.has_mid
+
+
+def test_params_files_every_parameter_of_every_family():
+    """No family's MLP (OPT's fc1/fc2, Mixtral's experts) lands in "block other"."""
+    import transformers
+
+    from blockscope.params import parameter_counts
+
+    for family, (name, kw) in FAMILY_CONFIGS.items():
+        config = getattr(transformers, name)(vocab_size=50257, **kw)
+        df = parameter_counts(config).set_index("component")
+        assert "block other" not in df.index and "other" not in df.index, family
+        assert df.loc["MLP", "parameters"] > 0 and df.loc["attention", "parameters"] > 0
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        assert df.loc["total", "parameters"] == sum(p.numel() for p in model.parameters())

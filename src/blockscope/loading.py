@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BlockscopeError, ModelUnavailable
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -132,7 +132,7 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
         if spec.is_local:
             raise BlockscopeError(f"cannot read the checkpoint in {spec.source}: {_first(exc)}")
     if not _hub_reachable():
-        raise BlockscopeError(
+        raise ModelUnavailable(
             f"cannot load model {spec.name!r}: it is not in the local Hugging Face cache and "
             "the hub is unreachable (or offline mode is on); run once where the hub is "
             "reachable, or point --model at a local checkpoint directory "
@@ -149,6 +149,7 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
 
 def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
     """Load `spec` as a TransformerBridge (eval mode; safetensors only unless allowed)."""
+    from safetensors import SafetensorError
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
 
@@ -170,7 +171,9 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
         )
     except BlockscopeError:
         raise
-    except Exception as exc:  # safetensors, config and tokenizer errors have no common base
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as exc:
+        # a corrupt or unreadable checkpoint (safetensors, config, tokenizer), or an
+        # architecture TransformerLens cannot bridge; anything else is a bug and surfaces
         where = f"the checkpoint in {spec.source}" if spec.is_local else f"model {spec.name!r}"
         raise BlockscopeError(f"cannot load {where}: {type(exc).__name__}: {_first(exc)}")
     if spec.processed:

@@ -16,8 +16,9 @@ from blockscope.errors import BlockscopeError
 
 BLOCK = re.compile(r"\.(?:h|layers|blocks|layer)\.(\d+)\.")
 # Norms first: Llama's post_attention_layernorm is a norm, not attention.
+# OPT's MLP is the layer's own fc1/fc2; Mixtral's experts sit under its `mlp`.
 HALVES = (("layer norms", ("ln", "norm")), ("attention", ("attn", "attention")),
-          ("MLP", ("mlp", "feed_forward", "ffn")))
+          ("MLP", ("mlp", "feed_forward", "ffn", "fc1", "fc2", "moe", "experts")))
 
 
 def _head_overrides(config, n_heads: int) -> None:

@@ -24,7 +24,7 @@ from blockscope.cli.common import (
     styled,
     write,
 )
-from blockscope.errors import BlockscopeError
+from blockscope.errors import ModelUnavailable
 
 
 def commands(model: str, settings: dict) -> dict[str, str]:
@@ -81,7 +81,7 @@ def reproduce(
     try:
         with status(f"loading {name}", quiet):
             lm = load_model(spec, allow_pickle=allow_pickle)
-    except BlockscopeError as exc:
+    except ModelUnavailable as exc:  # offline and not cached; a broken checkpoint stops here
         missing = str(exc)
         if not quiet:
             err.print(styled("without the model: ", "yellow", str(exc)), highlight=False,
