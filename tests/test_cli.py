@@ -317,3 +317,17 @@ def test_reproduce_stops_on_a_broken_checkpoint(run, tiny_dir, tmp_path):
     res = run("reproduce", "--model", broken, "--out-dir", tmp_path / "out", "--no-prune")
     assert res.exit_code == 1, res.output
     assert "cannot" in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_resid_norm_says_a_parallel_block_has_no_mid_point(run, tmp_path):
+    from blockscope.toy import save_checkpoint
+
+    path = save_checkpoint("gptj", tmp_path / "gptj")
+    res = run("resid-norm", "The capital of France is", "-m", path, "--no-plot",
+              "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "no point between them" in " ".join(res.stdout.split())
+    meta = json.loads((tmp_path / "resid-norm-gptj.json").read_text())
+    assert meta["family"] == "GPT-J" and "parallel" in meta["mid_points"]
+    df = pd.read_csv(tmp_path / "resid-norm-gptj.csv")
+    assert len(df) == 1 + 3 and not df["hook"].str.contains("mid").any()

@@ -173,14 +173,13 @@ def engine_sweep(
     names: Sequence[str] = (),
     batch_size: int | None = None,
     progress=None,
-    on_clean: Callable[[Clean], None] | None = None,
 ) -> pd.DataFrame:
     """Baseline row, then one row per variant: the same table `sweep.sweep` gives.
 
     Each window's clean pass (kept hook points: `names`) is checked by `selfcheck.verify`
-    first (`ReplayMismatch` if the replay does not reproduce it). `on_clean` sees each clean
-    pass (metrics at no extra forward cost). The result's `attrs["engine"]` says how it
-    ran: the batch size and the blocks replayed ("plain", "bridge", or "plain+bridge")."""
+    first (`ReplayMismatch` if the replay does not reproduce it). The result's
+    `attrs["engine"]` says how it ran: the batch size and the blocks replayed ("plain",
+    "bridge", or "plain+bridge")."""
     from blockscope import arch, selfcheck
 
     lay = arch.layout(model)
@@ -191,8 +190,6 @@ def engine_sweep(
     for wi, w in enumerate(wins):
         clean = cleans[wi] if cleans is not None else clean_pass(
             model, tokens, w, [*kept_names(lay, len(model.blocks), z=False), *names])
-        if on_clean:
-            on_clean(clean)
         baseline.append(clean.nll.double().cpu())
         plain = selfcheck.verify(model, lay, clean, variants, plain_parts(model))
         size = (batch_size or default_batch_size(model, w.end - w.begin, True)) if plain else 1

@@ -91,13 +91,21 @@ def resid_norm(
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
     positions = list(range(tokens.shape[-1])) if all_positions else [position]
     df = resid_norms(lm, tokens, positions=positions)
+    from blockscope.arch import layout
+
+    lay = layout(lm)
+    no_mid = (None if lay.has_mid else f"{lay.family} blocks run attention and MLP in "
+              "parallel: the stream has no point between them, so only block outputs are shown")
     if not quiet:
         title = (f"{spec.name}, {'processed' if processed else 'raw'} weights, "
                  f"{'with' if prepend_bos else 'no'} BOS: residual stream norm")
         out.print(table(df, {"after": ("after", "s"), "position": ("pos", "d"),
                              "token": ("token", "s"), "norm": ("L2 norm", ",.1f"),
                              "ratio_to_embed": ("x embeddings", ".1f")}, title=title))
-    meta = sidecar(command="resid-norm", positions=positions,
+        if no_mid:
+            out.print(no_mid, highlight=False, soft_wrap=True)
+    meta = sidecar(command="resid-norm", positions=positions, family=lay.family,
+                   mid_points=no_mid or "after each block's attention half (hook_resid_mid)",
                    **_common_meta(spec, source, tokens, prepend_bos, started))
     stem = f"resid-norm-{spec.slug}{'-processed' if processed else ''}"
     stem += "-bos" if prepend_bos else ""
