@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from blockscope.ablate import block_ablation
-from blockscope.engine import CPU_BATCH, clean_pass, default_batch_size
+from blockscope.clean import clean_pass
+from blockscope.engine import CPU_BATCH, default_batch_size
 from blockscope.heads import head_importance, one_head_per_layer, pruning_curve
 from blockscope.heads import single_head_ablation as heads_sweep
 from blockscope.sweep import model_windows, token_nll

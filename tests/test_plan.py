@@ -84,3 +84,15 @@ def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
     cached = block_ablation(tiny, ids, part="mlp")
     assert "replaying block" in cached.attrs["engine"]["fallback"]
     same(naive, cached)
+
+
+def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
+    """A pruning curve scores many masks from the same clean passes: one self-check each."""
+    from blockscope import selfcheck
+    from blockscope.heads import pruning_curve
+
+    calls = []
+    real = selfcheck._verify
+    monkeypatch.setattr(selfcheck, "_verify", lambda *a: calls.append(1) or real(*a))
+    curve = pruning_curve(tiny, ids, order="random", step=0.25, seed=1)
+    assert len(curve) > 3 and len(calls) == 1  # one window, one set of entry kinds

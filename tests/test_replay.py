@@ -5,7 +5,8 @@ import torch
 
 from blockscope import arch, replay, selfcheck
 from blockscope.ablate import block_ablation
-from blockscope.engine import Start, clean_pass, engine_sweep, kept_names, plain_parts
+from blockscope.clean import clean_pass, kept_names
+from blockscope.engine import Start, engine_sweep, plain_parts
 from blockscope.interventions import applied
 from blockscope.sweep import model_windows, perplexity_row, token_nll
 from blockscope.text import tokenize
@@ -81,6 +82,7 @@ def test_no_plain_replay_when_it_disagrees_or_in_training_mode(tiny, clean, monk
     assert selfcheck.verify(tiny, lay, clean, [], parts) is parts
     real = replay.block_forward
     monkeypatch.setattr(replay, "block_forward", lambda p, x: 1.0001 * real(p, x))
+    monkeypatch.setattr(clean, "checked", {})  # a verdict is kept per clean pass: ask anew
     assert selfcheck.verify(tiny, lay, clean, [], parts) is None  # the bridge's blocks run
     monkeypatch.undo()
     tiny.train()

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from blockscope import plan
-from blockscope.engine import clean_pass
+from blockscope.clean import clean_pass
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import PART_HOOKS, Edit
 from blockscope.similarity import BlockSimilarity, spearman
@@ -78,7 +78,7 @@ def block_ablation(
                         (Edit(part, i, _fill(prepared.means, i, part)),)) for i in layers]
     df = plan.run(model, tokens, variants, wins=wins, prepared=prepared,
                   batch_size=batch_size, progress=progress)
-    similarity = BlockSimilarity(n_layers)  # from the clean passes: no extra forward cached
+    similarity = BlockSimilarity(n_layers)  # cached: from the same clean passes, for free
     for c in prepared.cleans or (clean_pass(model, tokens, w) for w in wins):
         similarity.add(c)
     df["layer"] = df["layer"].astype("Int64")

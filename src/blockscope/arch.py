@@ -58,7 +58,8 @@ class Layout:
         return not self.post_norms
 
 
-def _hf_config(model):
+def hf_config(model):
+    """The HF config of a bridged model (a multimodal one's text config)."""
     hf = getattr(model, "original_model", None)
     config = getattr(hf, "config", None)
     if config is None:
@@ -73,7 +74,7 @@ def layout(model) -> Layout:
     adapters); the family must be one the tests check, and the HF config must agree."""
     from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
 
-    config = _hf_config(model)
+    config = hf_config(model)
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         raise BlockscopeError(

@@ -8,7 +8,7 @@ for the last scored positions (from HF's logits) for the engine's self-check.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,7 @@ class Clean:
     ref_nll: torch.Tensor  # (k,) the last k of it from the model's own logits (self-check)
     raw: dict[int, torch.Tensor]  # block inputs before a user's hooks on hook_resid_pre,
     #   for the blocks that have such hooks: re-entering there must not apply them twice
+    checked: dict = field(default_factory=dict)  # selfcheck's verdicts on this pass
 
     def entering(self, layer: int) -> torch.Tensor:
         """What block `layer` receives, to run it again with its own hooks."""

@@ -4,8 +4,8 @@ The clean pass of each window keeps each block's input residual (`hook_resid_pre
 points the layout has between (mid residual, or each half's write in a parallel block), each
 head's `z` when asked, and the arguments the model hands each block (mask, positions). The
 variants are `sweep.Variant`s: records of `interventions.Edit`s, the same ones the naive loop
-turns into hooks. `entry` derives from an edit and the architecture layer (`arch.py`) where
-to enter the stack:
+turns into hooks. `plan.start` derives from an edit and the architecture layer (`arch.py`)
+where to enter the stack:
 
 - skipping block k: at block k+1 from its cached input (+ its mean contribution);
 - removing an MLP: at block k+1 from the output without that write;
@@ -17,8 +17,8 @@ to enter the stack:
 
 Before any variant of a window runs, `selfcheck.verify` replays the clean pass from every
 entry kind the sweep will use, on one block of each kind; a mismatch beyond 1e-5 relative
-raises `ReplayMismatch`, and `run` then scores every variant with the naive loop instead and
-says why in `attrs["engine"]`. A block that holds a hook runs as the TransformerLens bridge
+raises `ReplayMismatch`, and `plan.run` then scores every variant with the naive loop instead
+and says why in `attrs["engine"]`. A block that holds a hook runs as the TransformerLens bridge
 block, so its hook points fire; GPT-2 blocks without hooks run as plain torch calls
 (`replay.py`) once those match the clean pass too.
 """
@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from blockscope import replay
-from blockscope.clean import Clean, cached_means, clean_pass, kept_names  # noqa: F401
+from blockscope.clean import Clean, clean_pass, kept_names
 from blockscope.interventions import Hook, applied
 from blockscope.sweep import perplexity_row, with_change
 from blockscope.text import Window

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from blockscope import arch, engine, replay
+from blockscope import arch, clean, engine, replay
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import hooks
 from blockscope.sweep import Progress, Variant, clean_means, sweep, token_nll
@@ -33,7 +33,7 @@ class Prepared:
     """What a sweep starts from: the clean passes (cached engine) or the clean NLL (naive),
     and the clean means over positions of the hook points asked for."""
 
-    cleans: list | None  # engine.Clean per window, or None for the naive loop
+    cleans: list | None  # clean.Clean per window, or None for the naive loop
     baseline: torch.Tensor | None  # (n_scored,) clean NLL for the naive loop
     means: dict[str, torch.Tensor]  # hook name -> mean activation over positions
 
@@ -52,12 +52,12 @@ def prepare(model, tokens: torch.Tensor, wins: Sequence[Window], *, engine_name:
             return Prepared(None, nll, means)
         return Prepared(None, token_nll(model, tokens, wins), {})
     lay = arch.layout(model)
-    names = sorted(set(engine.kept_names(lay, model.cfg.n_layers, heads)) | set(
+    names = sorted(set(clean.kept_names(lay, model.cfg.n_layers, heads)) | set(
         n for n in mean_names if not n.endswith(("hook_resid_pre", "hook_resid_post"))))
-    cleans = [engine.clean_pass(model, tokens, w, names) for w in wins]
+    cleans = [clean.clean_pass(model, tokens, w, names) for w in wins]
     means = {}
     if mean_names:
-        means = (engine.cached_means(cleans[0], mean_names) if len(wins) == 1
+        means = (clean.cached_means(cleans[0], mean_names) if len(wins) == 1
                  else clean_means(model, tokens, wins, mean_names)[1])
     return Prepared(cleans, None, means)
 
@@ -75,7 +75,7 @@ def start(model, lay: arch.Layout, v: Variant) -> engine.Start:
     e = v.edits[0]
     k = e.layer
 
-    def plus(f: Callable[[engine.Clean], torch.Tensor], fill=e.fill) -> Callable:
+    def plus(f: Callable[[clean.Clean], torch.Tensor], fill=e.fill) -> Callable:
         return f if fill is None else (lambda c: f(c) + fill.to(c.pre[0]))
 
     if e.component == "block":  # output := input (+ mean contribution)
@@ -106,7 +106,7 @@ def _heads_delta(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | Non
     sum_h (1 - keep_h) (fill_h - z_h) W_O[h], over the changed heads only."""
     idx = (keep != 1).nonzero().flatten()
 
-    def delta(clean: engine.Clean) -> torch.Tensor:
+    def delta(clean: clean.Clean) -> torch.Tensor:
         z = clean.act("attn.hook_z", layer)[0][:, idx]  # (T, k, d_head)
         W_O = model.blocks[layer].attn.W_O[idx]  # (k, d_head, d_model)
         gone = (1 - keep[idx]).to(z)  # (k,)

@@ -21,7 +21,10 @@ from __future__ import annotations
 import torch
 
 from blockscope import engine, replay
-from blockscope.engine import Clean, ReplayMismatch, fused_gelu
+from blockscope.arch import hf_config
+from blockscope.clean import Clean
+from blockscope.engine import ReplayMismatch, fused_gelu
+from blockscope.text import Window
 
 REL = 1e-5  # float32; half precision gets its own rounding scale (see tolerance)
 
@@ -39,9 +42,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 def block_kinds(model) -> list[int]:
     """One representative layer per block kind: the HF block class and, where the config
     says so, the layer's attention type (sliding or global); plus the last block."""
-    hf = getattr(model, "original_model", None)
-    config = getattr(getattr(hf, "config", None), "text_config", None) or getattr(
-        hf, "config", None)
+    config = hf_config(model)
     types = (getattr(config, "layer_types", None) or getattr(config, "attention_layers", None)
              or [])
     seen, reps = set(), []
@@ -59,10 +60,25 @@ def block_kinds(model) -> list[int]:
 
 def verify(model, lay, clean: Clean, starts, plain):
     """Check the replay against `clean` for the entries `starts` use; return the plain
-    parts to use (None: the bridge's blocks), or raise ReplayMismatch."""
-    tol = tolerance(clean.pre[0].dtype)
+    parts to use (None: the bridge's blocks), or raise ReplayMismatch. A clean pass is
+    checked once for each set of entry kinds and hooks (a pruning curve reuses it)."""
     mids = any(s.mid for s in starts)
-    relies = {s.relies_on for s in starts}
+    relies = frozenset(s.relies_on for s in starts) - {None}
+    key = (mids, relies, plain is not None,
+           tuple(name for name, point in model.hook_dict.items() if point.has_hooks()))
+    if key not in clean.checked:
+        try:
+            clean.checked[key] = _verify(model, lay, clean, mids, relies, plain) is not None
+        except ReplayMismatch as exc:
+            clean.checked[key] = exc
+    verdict = clean.checked[key]
+    if isinstance(verdict, ReplayMismatch):
+        raise verdict
+    return plain if verdict else None
+
+
+def _verify(model, lay, clean: Clean, mids: bool, relies, plain):
+    tol = tolerance(clean.pre[0].dtype)
     with torch.inference_mode(), fused_gelu(model):
         for j in block_kinds(model):
             # block j's output is what block j+1 receives, before that block's own hooks
@@ -89,8 +105,11 @@ def verify(model, lay, clean: Clean, starts, plain):
                 if err > tol:
                     raise ReplayMismatch(f"block {j}'s output is not its input plus its two "
                                          f"writes ({err:.1e} relative)")
-        got = replay.final_nll(model, clean.pre[-1], clean.chunk, clean.window, lay.softcap)[0]
-        err = max(_rel(got, clean.nll), _rel(got[-len(clean.ref_nll):], clean.ref_nll))
+        # the window's last scored positions only, against the model's own logits
+        w = clean.window
+        last = Window(w.begin, w.end, w.end - len(clean.ref_nll))
+        got = replay.final_nll(model, clean.pre[-1], clean.chunk, last, lay.softcap)[0]
+        err = _rel(got, clean.ref_nll)
         if err > tol:
             raise ReplayMismatch(f"the final norm and unembedding give the clean NLL to "
                                  f"{err:.1e} relative")

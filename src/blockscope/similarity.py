@@ -15,7 +15,7 @@ import math
 import pandas as pd
 import torch
 
-from blockscope.engine import Clean
+from blockscope.clean import Clean
 
 
 class BlockSimilarity:
