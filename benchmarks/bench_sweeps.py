@@ -1,10 +1,13 @@
-"""Time blockscope's sweeps on a random-init, full-size GPT-2 small (no download).
+"""Time blockscope's sweeps on random-init, full-size models (no download).
 
     python benchmarks/bench_sweeps.py            # needs the bench extra: pip install -e ".[bench]"
+    python benchmarks/bench_sweeps.py --arch llama --skip-naive-heads
 
-Builds GPT2LMHeadModel(GPT2Config()) (GPT-2 small's exact shapes and cost) in a temp dir,
-loads it through blockscope's own loader, and times in one run, each the median of --repeat
-runs: one forward of 469 tokens (+ BOS); the block sweep (baseline + 12 skips) and the
+Builds, in a temp dir, GPT2LMHeadModel(GPT2Config()) (GPT-2 small's exact shapes and cost)
+and a Llama at GPT-2 small's size (12 layers, d_model 768, 12 heads, 4 K/V heads, SwiGLU
+width 2048, vocabulary 50,257), loads each through blockscope's own loader, and times in
+one run, each the median of --repeat runs: one forward of 469 tokens (+ BOS); the block
+sweep (baseline + 12 skips) and the
 single-head sweep (144 heads), naive (one hooked forward per variant) against the cached
 engine; and Michel et al.'s gradient pass. It prints each ratio, peak RSS per phase, the
 floating-point work of each sweep (torch's FlopCounterMode), the GFLOP/s achieved, and a
@@ -17,6 +20,13 @@ sweep is timed again under the tuned allocator to separate the two gains.
 The peak RSS printed per phase is this process's, so it includes whatever the earlier phases
 left on the heap (the tuned allocator keeps freed memory by design). At the end each engine
 sweep runs once more alone in a fresh process, as the CLI would, for its own peak RSS.
+
+What a user waits for is the whole command, so each model also runs `blockscope ablate` and
+`blockscope prune-heads` (their defaults: PNG, metrics, CSV and JSON writes included) in fresh
+processes, naive and cached alternating, timed net of loading (the time inside the CLI's
+`load`: importing TransformerLens and reading the weights). Each ratio is printed against its
+target (block sweep 2x, head sweep 1.8x), and the engine's numbers against the naive loop's
+(1e-5 relative).
 """
 
 from __future__ import annotations
@@ -42,7 +52,14 @@ from blockscope.allocator import tune_allocator  # noqa: E402
 from blockscope.heads import head_importance, single_head_ablation  # noqa: E402
 from blockscope.loading import load_model, spec_for  # noqa: E402
 from blockscope.text import read_passage, tokenize  # noqa: E402
-from blockscope.toy import save_gpt2_checkpoint  # noqa: E402
+from blockscope.toy import save_checkpoint, save_gpt2_checkpoint  # noqa: E402
+
+# A Llama at GPT-2 small's size: grouped-query attention (4 K/V heads), SwiGLU 2048.
+LLAMA_SMALL = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                   num_key_value_heads=4, intermediate_size=2048, max_position_embeddings=1024,
+                   initializer_range=0.02)
+TARGETS = {"blocks": 2.0, "heads": 1.8}  # engine / naive, sweep and whole command
+REL = 1e-5  # engine and naive numbers must agree to this, relative
 
 
 class PeakRSS:
@@ -124,20 +141,81 @@ ALICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=["gpt2", "llama"], action="append",
+                        help="model(s) to time; repeat for several (default: both)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per timing (median)")
     parser.add_argument("--tokens", type=int, default=469, help="text tokens (BOS added)")
     parser.add_argument("--skip-naive-heads", action="store_true",
                         help="skip the naive single-head sweep (about 100-140 s a run here)")
+    parser.add_argument("--skip-commands", action="store_true",
+                        help="skip timing the whole commands in fresh processes")
     parser.add_argument("--child", choices=["blocks", "heads"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.model_dir, args.tokens)
+    if args.child_command:
+        return child_command(args.child_command)
     with tempfile.TemporaryDirectory() as tmp:
-        run(args, str(save_gpt2_checkpoint(os.path.join(tmp, "gpt2-random"))))
+        for arch in args.arch or ["gpt2", "llama"]:
+            path = os.path.join(tmp, f"{arch}-random")
+            if arch == "gpt2":
+                save_gpt2_checkpoint(path)
+            else:
+                save_checkpoint("llama", path, **LLAMA_SMALL)
+            run(args, path, arch)
 
 
-def run(args, model_dir: str) -> None:
+def child_command(argv: list[str]) -> None:
+    """Run one blockscope command in this fresh process; print its wall time net of the
+    time spent inside the CLI's `load` (imports of TransformerLens, reading weights)."""
+    start = time.perf_counter()
+    from blockscope.cli import app, common
+
+    in_load = []
+    real = common.load
+
+    def timed_load(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return real(*a, **kw)
+        finally:
+            in_load.append(time.perf_counter() - t)
+
+    common.load = timed_load
+    import typer
+
+    typer.main.get_command(app).main(argv, standalone_mode=False)
+    total = time.perf_counter() - start
+    print(f"BENCH_NET {total - sum(in_load)} LOAD {sum(in_load)}")
+
+
+def command_times(model_dir: str, tokens: int, command: list[str], repeat: int, out: str):
+    """Median seconds net of loading per engine, naive and cached alternating."""
+    times = {"naive": [], "cached": []}
+    for _ in range(repeat):
+        for engine in times:
+            argv = [*command, "--model", model_dir, "--text", ALICE, "--max-tokens", str(tokens),
+                    "--engine", engine, "--out-dir", os.path.join(out, engine)]
+            done = subprocess.run([sys.executable, __file__, "--child-command", *argv],
+                                  capture_output=True, text=True, check=True)
+            times[engine].append(float(done.stdout.split("BENCH_NET ")[-1].split()[0]))
+    return {e: statistics.median(t) for e, t in times.items()}, times
+
+
+def verdict(ratio: float, target: float) -> str:
+    return f"{ratio:.2f}x (target {target}x: {'met' if ratio >= target else 'NOT met'})"
+
+
+def same_numbers(fast, naive) -> str:
+    got, want = fast["perplexity"].to_numpy(), naive["perplexity"].to_numpy()
+    rel = float(abs(got - want).max() / abs(want).max())
+    met = "met" if rel <= REL else "NOT met"
+    return f"max relative difference {rel:.1e} (target {REL:.0e}: {met})"
+
+
+def run(args, model_dir: str, arch: str) -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
@@ -148,7 +226,8 @@ def run(args, model_dir: str) -> None:
     model = load_model(spec_for(model_dir, device="cpu"))
     ids = tokenize(model.tokenizer, read_passage(ALICE).text, prepend_bos=True,
                    max_tokens=args.tokens)
-    print(f"random-init GPT-2 small, {ids.shape[1]} tokens (BOS + {args.tokens}), fp32, cpu")
+    what = "GPT-2 small" if arch == "gpt2" else "Llama at GPT-2 small's size"
+    print(f"\n== random-init {what}, {ids.shape[1]} tokens (BOS + {args.tokens}), fp32, cpu")
 
     def forward():
         with torch.inference_mode():
@@ -172,10 +251,12 @@ def run(args, model_dir: str) -> None:
     naive_blocks = report("block sweep, naive (default malloc)",
                           lambda: block_ablation(model, ids, engine="naive"), args.repeat,
                           f1 * (n_blocks + 1))
-    naive_heads = None
+    naive_heads, ref = None, {}
+    naive_blocks_df = block_ablation(model, ids, engine="naive")
     if not args.skip_naive_heads:
         naive_heads = report("head sweep, naive (default malloc)",
-                             lambda: single_head_ablation(model, ids, engine="naive"),
+                             lambda: ref.update(heads=single_head_ablation(model, ids,
+                                                                           engine="naive")),
                              args.repeat, f1 * (n_heads + 1))
     print(f"allocator tuned (mallopt): {tune_allocator()}")
     tuned_blocks = report("block sweep, naive (tuned malloc)",
@@ -190,16 +271,27 @@ def run(args, model_dir: str) -> None:
     print(f"engine ran as: blocks {last['blocks'].attrs['engine']}, "
           f"heads {last['heads'].attrs['engine']}")
     report("Michel gradient pass", lambda: head_importance(model, ids), args.repeat)
-    print(f"block sweep: engine {naive_blocks / fast_blocks:.2f}x faster than the naive loop "
-          f"(default malloc), {tuned_blocks / fast_blocks:.2f}x than naive (tuned malloc)")
+    print(f"block sweep: engine {verdict(naive_blocks / fast_blocks, TARGETS['blocks'])} the "
+          f"naive loop (default malloc), {tuned_blocks / fast_blocks:.2f}x naive (tuned malloc); "
+          f"numbers: {same_numbers(last['blocks'], naive_blocks_df)}")
     if naive_heads:
-        print(f"head sweep: engine {naive_heads / fast_heads:.2f}x faster than the naive loop "
-              "(default malloc)")
+        print(f"head sweep: engine {verdict(naive_heads / fast_heads, TARGETS['heads'])} the "
+              f"naive loop (default malloc); numbers: "
+              f"{same_numbers(last['heads'], ref['heads'])}")
     print(f"this process: RSS {psutil.Process().memory_info().rss / 2**30:.2f} GB now, "
           f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
     for kind in ("blocks", "heads"):
         print(f"peak RSS of a fresh process loading the model and running only the engine's "
               f"{kind} sweep: {isolated_rss(kind, model_dir, args.tokens):.2f} GB", flush=True)
+    if args.skip_commands:
+        return
+    with tempfile.TemporaryDirectory() as out:
+        for kind, command in (("blocks", ["ablate"]), ("heads", ["prune-heads"])):
+            med, runs = command_times(model_dir, args.tokens, command, args.repeat, out)
+            print(f"blockscope {command[0]}, whole command net of loading: naive "
+                  f"{med['naive']:.1f} s {[round(t, 1) for t in runs['naive']]}, cached "
+                  f"{med['cached']:.1f} s {[round(t, 1) for t in runs['cached']]}: "
+                  f"{verdict(med['naive'] / med['cached'], TARGETS[kind])}", flush=True)
 
 
 if __name__ == "__main__":

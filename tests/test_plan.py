@@ -95,4 +95,6 @@ def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
     real = selfcheck._verify
     monkeypatch.setattr(selfcheck, "_verify", lambda *a: calls.append(1) or real(*a))
     curve = pruning_curve(tiny, ids, order="random", step=0.25, seed=1)
-    assert len(curve) > 3 and len(calls) == 1  # one window, one set of entry kinds
+    # one window, one set of entry kinds; checked once for steps whose variants run only
+    # the plain replay and once for those that bring hooks (the bridge's blocks then run)
+    assert len(curve) > 3 and len(calls) <= 2

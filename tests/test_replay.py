@@ -81,7 +81,7 @@ def test_no_plain_replay_when_it_disagrees_or_in_training_mode(tiny, clean, monk
     lay, parts = arch.layout(tiny), plain_parts(tiny)
     assert selfcheck.verify(tiny, lay, clean, [], parts) is parts
     real = replay.block_forward
-    monkeypatch.setattr(replay, "block_forward", lambda p, x: 1.0001 * real(p, x))
+    monkeypatch.setattr(replay, "block_forward", lambda p, x, ctx=None: 1.0001 * real(p, x, ctx))
     monkeypatch.setattr(clean, "checked", {})  # a verdict is kept per clean pass: ask anew
     assert selfcheck.verify(tiny, lay, clean, [], parts) is None  # the bridge's blocks run
     monkeypatch.undo()
@@ -90,3 +90,35 @@ def test_no_plain_replay_when_it_disagrees_or_in_training_mode(tiny, clean, monk
         assert plain_parts(tiny) is None
     finally:
         tiny.eval()
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("llama", {}),  # grouped-query
+    ("mistral", {}),  # sliding window of 16 tokens: an explicit mask
+    ("gpt_neox", {}),  # parallel, partial rotary
+    ("gpt_neox", {"use_parallel_residual": False}),
+])
+def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrides):
+    """Each plain Llama-family / GPT-NeoX block maps HF's hidden state k to k + 1, with the
+    rotary embeddings and mask the clean pass recorded for it."""
+    from transformers import AutoModelForCausalLM
+
+    from blockscope.loading import load_model, spec_for
+    from blockscope.toy import save_checkpoint
+
+    path = save_checkpoint(family, tmp_path / family, **overrides)
+    model = load_model(spec_for(str(path), device="cpu"))
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    ids = tokenize(model.tokenizer, alice_text, prepend_bos=True, max_tokens=40)
+    lay = arch.layout(model)
+    clean = clean_pass(model, ids, model_windows(model, ids, None)[0],
+                       kept_names(lay, model.cfg.n_layers, z=False))
+    parts = plain_parts(model)
+    assert parts is not None and all(p.parallel == lay.parallel for p in parts)
+    with torch.inference_mode():
+        hidden = hf(ids, output_hidden_states=True, use_cache=False).hidden_states
+        for k in range(model.cfg.n_layers - 1):  # HF's last hidden state is after the norm
+            got = replay.block_forward(parts[k], hidden[k], clean.replay[k])
+            assert close(got, hidden[k + 1])
+            batch = torch.cat([hidden[k], 2 * hidden[k]])  # (2, T, d_model)
+            assert close(replay.block_forward(parts[k], batch, clean.replay[k])[:1], got)

@@ -82,9 +82,12 @@ def fused_gelu(model) -> Iterator[None]:
             mlp.act = act
 
 
-def plain_parts(model) -> list[replay.Parts] | None:
+def plain_parts(model) -> list | None:
     """Each block's modules for the plain replay, if every block is one `replay` knows."""
-    found = [replay.parts(b) for b in model.blocks]
+    from blockscope.arch import hf_config
+
+    model_type = getattr(hf_config(model), "model_type", None)
+    found = [replay.parts(b, model_type) for b in model.blocks]
     return None if any(p is None for p in found) else found
 
 
@@ -92,7 +95,7 @@ def block_step(model, clean: Clean, j: int, x: torch.Tensor, plain) -> torch.Ten
     """Block j on x (B, T, d_model): plain torch calls if `plain` and it holds no hook,
     else the bridge block with the arguments the clean pass recorded."""
     if plain is not None and not replay.hooked(model.blocks[j]):
-        return replay.block_forward(plain[j], x)
+        return replay.block_forward(plain[j], x, clean.replay[j])
     args, kwargs = clean.replay[j]
     out = model.blocks[j](x, *args, **kwargs)
     return out[0] if isinstance(out, tuple) else out
@@ -113,7 +116,7 @@ def mlp_step(model, lay, j: int, x: torch.Tensor, plain) -> torch.Tensor:
 
 
 def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],
-              plain: list[replay.Parts] | None = None) -> list[torch.Tensor]:
+              plain: list | None = None) -> list[torch.Tensor]:
     """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x)`: block
     `layer` (its MLP half if `mid`) with residual x (1, T, d_model). They run as one batch
     that grows block by block as variants join it, then the final norm and unembedding."""
@@ -130,8 +133,12 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
         for j in range(min(e[0] for e in entries), len(model.blocks)):
             x = join(x, False, j)
             if plain is not None and not replay.hooked(model.blocks[j]):
-                x = join(None if x is None else replay.attn_half(plain[j], x), True, j)
-                x = None if x is None else replay.mlp_half(plain[j], x)
+                p, ctx = plain[j], clean.replay[j]
+                if p.parallel:  # no mid point: nothing joins there
+                    x = None if x is None else replay.block_forward(p, x, ctx)
+                    continue
+                x = join(None if x is None else replay.attn_half(p, x, ctx), True, j)
+                x = None if x is None else replay.mlp_half(p, x)
                 continue
             if x is not None:
                 x = block_step(model, clean, j, x, None)

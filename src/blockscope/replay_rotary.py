@@ -1,0 +1,141 @@
+"""Llama-family and GPT-NeoX blocks as plain torch calls, for the engine's replays.
+
+The same idea as GPT-2's `replay.GPT2Parts`: the HF block's own weights and norms, read at
+every call, and torch's fused `scaled_dot_product_attention` in place of the bridge's
+step-by-step attention (which exists so that `hook_attn_scores`, `hook_pattern`, `hook_rot_q`
+... can fire). What a rotary block needs beyond its weights comes from the arguments the clean
+pass recorded for that block (`ctx`): the rotary `position_embeddings` (cos, sin) and the
+attention mask (causal, or a sliding window). The engine checks every replay against the
+clean pass before it is used (`selfcheck`); a disagreement means the bridge's blocks run.
+
+- Llama, Mistral, Qwen2: RMSNorm, rotary on every dimension, grouped-query attention
+  (K/V heads shared by `n_heads / n_key_value_heads` query heads), SwiGLU MLP.
+- GPT-NeoX / Pythia: LayerNorm, partial rotary (the first `rotary_ndims` of each head),
+  attention and MLP in parallel (`use_parallel_residual`) or in sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _inner(module):
+    return getattr(module, "original_component", None)
+
+
+class ReplayArgsMissing(RuntimeError):
+    """The clean pass did not record what this block's replay needs (e.g. rotary cos/sin)."""
+
+
+def _rope_and_mask(ctx, T: int):
+    """(cos, sin) and the SDPA mask arguments from a block's recorded call `ctx`:
+    `is_causal=True` when the recorded mask is the plain causal one (the fast path),
+    else that mask itself as booleans (True: may attend), broadcast over batch and heads."""
+    kwargs = ctx[1] if ctx is not None else {}
+    rope = kwargs.get("position_embeddings")
+    if rope is None:
+        raise ReplayArgsMissing("no rotary position embeddings recorded for this block")
+    mask = kwargs.get("attention_mask")
+    if mask is None:
+        return rope, {"is_causal": True}
+    allowed = mask if mask.dtype == torch.bool else mask == 0  # (1, 1, T, T) or (B, 1, T, T)
+    allowed = allowed[..., -T:, -T:]
+    causal = torch.ones(T, T, dtype=torch.bool, device=allowed.device).tril()
+    if bool((allowed == causal).all()):
+        return rope, {"is_causal": True}
+    return rope, {"attn_mask": allowed}
+
+
+def _attend(q, k, v, scale: float, mask_args: dict) -> torch.Tensor:
+    """Fused attention; q (B, n_heads, T, d_head), k/v (B, n_kv_heads, T, d_head)."""
+    if k.shape[1] != q.shape[1]:  # grouped-query: each K/V head serves a group of query heads
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, **mask_args)
+
+
+class LlamaParts:
+    """One Llama/Mistral/Qwen2 decoder layer's modules, called plainly."""
+
+    parallel = False
+
+    def __init__(self, hf, rotary):
+        attn, mlp = _inner(hf.self_attn), _inner(hf.mlp)
+        self.ln1, self.ln2 = _inner(hf.input_layernorm), _inner(hf.post_attention_layernorm)
+        self.q, self.k, self.v, self.o = (_inner(getattr(attn, n))
+                                          for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        self.gate, self.up, self.down = (_inner(getattr(mlp, n))
+                                         for n in ("gate_proj", "up_proj", "down_proj"))
+        self.act = mlp.act_fn
+        self.d_head, self.scale, self.rotary = attn.head_dim, attn.scaling, rotary
+
+    def attn_write(self, x: torch.Tensor, ctx) -> torch.Tensor:
+        B, T, _ = x.shape
+        (cos, sin), mask_args = _rope_and_mask(ctx, T)
+        h = self.ln1(x)  # (B, T, d_model)
+        q, k, v = (m(h).view(B, T, -1, self.d_head).transpose(1, 2)  # (B, heads, T, d_head)
+                   for m in (self.q, self.k, self.v))
+        q, k = self.rotary(q, k, cos, sin)
+        z = _attend(q, k, v, self.scale, mask_args)  # (B, n_heads, T, d_head)
+        return self.o(z.transpose(1, 2).reshape(B, T, -1))
+
+    def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln2(x)
+        return self.down(self.act(self.gate(h)) * self.up(h))  # SwiGLU: (B, T, d_model)
+
+
+class NeoXParts:
+    """One GPT-NeoX layer's modules, called plainly."""
+
+    def __init__(self, hf, rotary):
+        attn, mlp = _inner(hf.attention), _inner(hf.mlp)
+        self.parallel = bool(hf.use_parallel_residual)
+        self.ln1, self.ln2 = _inner(hf.input_layernorm), _inner(hf.post_attention_layernorm)
+        self.qkv, self.o = _inner(attn.query_key_value), _inner(attn.dense)
+        self.fc_in, self.fc_out = _inner(mlp.dense_h_to_4h), _inner(mlp.dense_4h_to_h)
+        self.act = mlp.act
+        self.d_head, self.scale, self.rotary = attn.head_size, attn.scaling, rotary
+
+    def attn_write(self, x: torch.Tensor, ctx) -> torch.Tensor:
+        B, T, _ = x.shape
+        (cos, sin), mask_args = _rope_and_mask(ctx, T)
+        qkv = self.qkv(self.ln1(x)).view(B, T, -1, 3 * self.d_head).transpose(1, 2)
+        q, k, v = qkv.chunk(3, dim=-1)  # each (B, n_heads, T, d_head)
+        q, k = self.rotary(q, k, cos, sin)  # rotates the first cos.shape[-1] dims only
+        z = _attend(q, k, v, self.scale, mask_args)
+        return self.o(z.transpose(1, 2).reshape(B, T, -1))
+
+    def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(self.ln2(x))))
+
+
+def parts(block, model_type: str):
+    """A Llama-family or GPT-NeoX block's plain parts, or None for anything else."""
+    hf = _inner(block)
+    if model_type in ("llama", "mistral", "qwen2"):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        names = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+        if set(hf._modules) != names:
+            return None
+        attn = _inner(hf.self_attn)
+        if attn is None or set(attn._modules) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
+            return None
+        cls = LlamaParts
+    elif model_type == "gpt_neox":
+        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
+
+        cls = NeoXParts
+    else:
+        return None
+    try:
+        found = cls(hf, apply_rotary_pos_emb)
+    except AttributeError:  # not the layout these classes read
+        return None
+    linears = [m for k, m in vars(found).items() if k not in ("ln1", "ln2", "act", "rotary")
+               and isinstance(m, torch.nn.Module)]
+    if not all(isinstance(m, torch.nn.Linear) for m in linears) or None in (found.ln1,
+                                                                              found.ln2):
+        return None
+    return found
