@@ -68,6 +68,22 @@ max_tokens = 30
 tolerance = 0.05
 [layernorm]
 examples = [[2, 4, 6, 8]]
+[norm_placement]
+section = "Pre-norm and post-norm"
+text = "{ALICE}"
+n_layers = 2
+d_model = 32
+n_heads = 2
+max_tokens = 30
+seeds = 1
+train_steps = 8
+warmup_steps = 2
+train_layers = 1
+train_d_model = 16
+train_heads = 2
+batch_size = 2
+seq_len = 16
+claims = ["post-norm needs a warm-up"]
 [[figure]]
 experiment = "ablate"
 name = "baseline perplexity"
@@ -117,18 +133,21 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     report = (out / "reproduce-tiny-gpt2.md").read_text()
     assert "| baseline perplexity |" in report and "differs" in report
     assert "Head pruning" in report
+    assert "## Pre-norm and post-norm" in report and "> post-norm needs a warm-up" in report
+    assert "| post-norm needs a learning-rate warm-up |" in report
     pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 6  # params, ablation, four residual-norm variants
+    assert len(pngs) == 8  # params, ablation, four residual-norm variants, norm init + train
     assert all(p.read_bytes().startswith(PNG) for p in pngs)
     assert all(f"]({p.name})" in report for p in pngs)
     meta = json.loads((out / "reproduce-tiny-gpt2.json").read_text())
     assert meta["model_loaded"] is True and meta["prune_headline"]
+    assert len(meta["norm_placement"]) == 5
 
 
 def test_reproduce_offline_without_the_model(tmp_path):
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["reproduce", "--model", "gpt2", "--reference", str(ARTICLE),
-                                   "--out-dir", str(out)])
+                                   "--no-norm-placement", "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
     assert "without the model" in res.stderr
     table = pd.read_csv(out / "reproduce-gpt2.csv")

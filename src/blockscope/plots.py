@@ -27,12 +27,7 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
     ax.bar(labels, rows["perplexity"], color="tab:blue", label="block removed")
     ax.axhline(base, color="tab:red", linestyle="--", label=f"baseline {base:,.1f}")
     ax.set_yscale("log")
-    ax.set_xlabel("block removed (0-based)")
-    ax.set_ylabel("perplexity (log scale)")
-    ax.set_title(title, fontsize=10)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "block removed (0-based)", "perplexity (log scale)", title)
 
 
 def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
@@ -116,5 +111,35 @@ def params_plot(df: pd.DataFrame, title: str) -> Figure:
     ax.set_ylim(0, 100)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    return fig
+
+
+def norm_init_plot(summary: pd.DataFrame, title: str) -> Figure:
+    """Gradient norm per block at initialization (log axis), one line per layout x init."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
+    for (layout, scaled), rows in summary.groupby(["layout", "scaled_init"], sort=False):
+        ax.plot(rows["layer"] + 1, rows["grad_norm"], marker="o",
+                linestyle="-" if layout == "pre" else "--",
+                label=f"{layout}-norm, {'scaled' if scaled else 'unscaled'} init")
+    ax.set_yscale("log")
+    return _finish(fig, ax, "block", "gradient norm of its six matrices (log scale)", title)
+
+
+def norm_train_plot(trained: pd.DataFrame, title: str) -> Figure:
+    """Training loss per step, one line per layout x warm-up."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
+    steps = trained[trained["kind"] == "step"]
+    for (layout, warmup), rows in steps.groupby(["layout", "warmup_steps"], sort=False):
+        ax.plot(rows["step"], rows["loss"], linestyle="-" if layout == "pre" else "--",
+                label=f"{layout}-norm, warm-up {int(warmup)}")
+    return _finish(fig, ax, "step", "training loss (nats per token)", title)
+
+
+def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend()
     fig.tight_layout()
     return fig

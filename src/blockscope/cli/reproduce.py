@@ -54,6 +54,9 @@ def reproduce(
         "experiments/article.toml"),  # the same as reproduce.DEFAULT_REFERENCE
     prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Run the pruning curve "
                                         "for prune-heads' headline (the slowest part).")] = True,
+    norm: Annotated[bool, typer.Option("--norm-placement/--no-norm-placement",
+                                       help="Run norm-placement for the pre- vs post-norm "
+                                       "claims (no weights needed; a few minutes).")] = True,
     plot: PlotOpt = True,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
@@ -98,6 +101,11 @@ def reproduce(
                     allow_pickle=allow_pickle))
         measured.update(more)
         frames.update(model_frames)
+    claims = None
+    if norm and "norm_placement" in settings:
+        with status("norm-placement: gradients at initialization, then training", quiet):
+            claims, norm_frames = rp.norm_measures(settings)
+        frames.update(norm_frames)
     table = rp.compare(figures, measured, commands(name, settings), model_loaded=lm is not None)
     best = rp.best_resid_variant(table)
     headline = None
@@ -108,21 +116,39 @@ def reproduce(
                     "(gradient order)")
     stem = f"reproduce-{spec.slug}"
     pictures = plots(frames, name, stem) if plot else {}
-    report = markdown(table, name, reference, best, headline, missing, pictures)
+    report = markdown(table, name, reference, best, headline, missing, pictures,
+                      norm_section(settings, claims))
     if not quiet:
         render(table, best, headline)
+        if claims is not None:
+            from blockscope.cli.norm import claims_table
+
+            out.print(claims_table(claims))
     meta = sidecar(command="reproduce", model=name, reference=str(reference),
                    model_loaded=lm is not None, missing=missing, best_resid_variant=best,
                    prune_headline=headline, settings=settings,
+                   norm_placement=None if claims is None else claims.to_dict(orient="records"),
                    wall_time_s=round(time.perf_counter() - started, 3))
     files = {"": table}
     write(out_path, stem, files, meta, quiet, extra={f"{stem}.md": report, **pictures})
 
 
 def plots(frames: dict, name: str, stem: str) -> dict:
-    from blockscope.plots import ablation_plot, params_plot, resid_norm_plot
+    from blockscope.plots import (
+        ablation_plot,
+        norm_init_plot,
+        norm_train_plot,
+        params_plot,
+        resid_norm_plot,
+    )
 
     pics = {}
+    if "norm-init" in frames:
+        pics[f"{stem}-norm-init.png"] = norm_init_plot(frames["norm-init"], "gradient norm per "
+                                                       "block at initialization")
+        if len(frames["norm-train"]):
+            pics[f"{stem}-norm-train.png"] = norm_train_plot(frames["norm-train"],
+                                                             "training loss")
     if "params" in frames:
         models = ", ".join(dict.fromkeys(frames["params"]["model"]))
         pics[f"{stem}-params.png"] = params_plot(frames["params"],
@@ -145,7 +171,22 @@ def settings_prompt(frames: dict) -> str:
     return str(df["prompt"].iloc[0]) if "prompt" in df else ""
 
 
-def markdown(table, name, reference, best, headline, missing, pictures) -> str:
+def norm_section(settings: dict, claims) -> list[str]:
+    """The report's pre- vs post-norm section: the article's claims, then what was measured."""
+    if claims is None:
+        return []
+    s = settings["norm_placement"]
+    lines = [f"## {s.get('section', 'norm-placement')}", "", "The article says:", ""]
+    lines += [f"> {c}" for c in s.get("claims", [])] + [""]
+    lines += ["Measured here (`blockscope norm-placement`, no pretrained weights):", "",
+              "| claim | measured | test | shown |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.claim} | {r.measured} | {r.test} | {'yes' if r.shown else 'NOT shown'} |"
+              for r in claims.itertuples()]
+    return lines + [""]
+
+
+def markdown(table, name, reference, best, headline, missing, pictures,
+             extra: list[str] = ()) -> str:
     lines = [f"# blockscope reproduce: {name}", "",
              f"Figures from `{reference}` beside blockscope's measurements. 'within rounding' "
              "means within half a unit of the article's last printed digit.", ""]
@@ -165,6 +206,7 @@ def markdown(table, name, reference, best, headline, missing, pictures) -> str:
                   "figures within rounding).", ""]
     if headline:
         lines += [f"Head pruning (blockscope's own headline, no article figure): {headline}.", ""]
+    lines += list(extra)
     lines += [f"![{p}]({p})" for p in pictures]
     return "\n".join(lines) + "\n"
 
