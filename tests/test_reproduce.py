@@ -84,6 +84,15 @@ train_heads = 2
 batch_size = 2
 seq_len = 16
 claims = ["post-norm needs a warm-up"]
+[head_roles]
+section = "What heads do"
+text = "{ALICE}"
+max_tokens = 30
+n_random = 8
+known = [
+    {{ role = "induction", layer = 2, head = 1 }},
+    {{ role = "induction", layer = 5, head = 1 }},
+]
 [[figure]]
 experiment = "ablate"
 name = "baseline perplexity"
@@ -133,6 +142,9 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     report = (out / "reproduce-tiny-gpt2.md").read_text()
     assert "| baseline perplexity |" in report and "differs" in report
     assert "Head pruning" in report
+    assert "## What heads do" in report
+    assert "| induction | 5.1 |  |  | not in this model |" in report  # a 3-layer model
+    assert any(line.startswith("| induction | 2.1 | 0.") for line in report.splitlines())
     assert "## Pre-norm and post-norm" in report and "> post-norm needs a warm-up" in report
     assert "| post-norm needs a learning-rate warm-up |" in report
     pngs = sorted(out.glob("*.png"))
@@ -141,7 +153,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert all(f"]({p.name})" in report for p in pngs)
     meta = json.loads((out / "reproduce-tiny-gpt2.json").read_text())
     assert meta["model_loaded"] is True and meta["prune_headline"]
-    assert len(meta["norm_placement"]) == 5
+    assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 2
 
 
 def test_reproduce_offline_without_the_model(tmp_path):
@@ -157,6 +169,7 @@ def test_reproduce_offline_without_the_model(tmp_path):
     assert (table[table["experiment"] == "params"]["status"] == "matches").all()
     report = (out / "reproduce-gpt2.md").read_text()
     assert "needs the model" in report and "blockscope ablate --model gpt2" in report
+    assert "Needs the model: `blockscope head-roles" in report
 
 
 def test_bad_reference(tmp_path):

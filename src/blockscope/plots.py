@@ -143,3 +143,51 @@ def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def head_roles_plot(df: pd.DataFrame, roles, n_layers: int, n_heads: int, title: str) -> Figure:
+    """One layer x head heatmap per role, on one colour scale (0 to the largest score)."""
+    fig, axes = plt.subplots(1, len(roles), figsize=(4.2 * len(roles), 0.35 * n_layers + 2),
+                             dpi=DPI, squeeze=False)
+    grids = {r: np.full((n_layers, n_heads), np.nan) for r in roles}
+    for row in df.itertuples():
+        for r in roles:
+            grids[r][row.layer, row.head] = getattr(row, r)
+    top = max(float(np.nanmax(g)) for g in grids.values()) or 1.0
+    for ax, r in zip(axes[0], roles, strict=True):
+        im = ax.imshow(grids[r], vmin=0, vmax=top, cmap="viridis", aspect="auto")
+        ax.set_title(r.replace("_", " "), fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="score (share of attention)")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def attention_plot(df: pd.DataFrame, title: str) -> Figure:
+    """A grid of attention heatmaps (query rows, key columns), tokens on both axes."""
+    pairs = list(dict.fromkeys(zip(df["layer"], df["head"], strict=True)))
+    cols = min(4, len(pairs))
+    rows = -(-len(pairs) // cols)
+    T = int(df["query_pos"].max()) + 1
+    labels = (df[(df["layer"] == pairs[0][0]) & (df["head"] == pairs[0][1])]
+              .drop_duplicates("query_pos").sort_values("query_pos")["query_token"]
+              .str.replace("\u2420", "\u00b7").tolist())  # the plot font has no SP symbol
+    size = max(3.0, 0.22 * T + 1.5)
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), dpi=DPI,
+                             squeeze=False)
+    for ax in axes.flat[len(pairs):]:
+        ax.axis("off")
+    for ax, (layer, head) in zip(axes.flat, pairs, strict=False):
+        one = df[(df["layer"] == layer) & (df["head"] == head)]
+        grid = one.pivot(index="query_pos", columns="key_pos", values="weight").to_numpy()
+        ax.imshow(grid, vmin=0, vmax=1, cmap="Blues")
+        ax.set_title(f"layer {layer}, head {head}", fontsize=9)
+        if T <= 40:  # tokens on both axes while they stay readable
+            ax.set_xticks(range(T), labels, rotation=90, fontsize=7)
+            ax.set_yticks(range(T), labels, fontsize=7)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -9,7 +9,7 @@ pruning headline); `compare` lines them up, marking what is within the article's
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -261,30 +261,3 @@ def gpt2_shape_model():
     torch.manual_seed(0)
     return random_model("gpt2", tokenizer)
 
-
-def norm_measures(settings: dict) -> tuple[pd.DataFrame, dict]:
-    """`norm-placement` with the reference's [norm_placement] settings: (each claim beside
-    what was measured, {"norm-init": per-layer summary, "norm-train": training rows})."""
-    from blockscope import norm_placement as npl
-    from blockscope.loading import load_config
-    from blockscope.norm_stack import StackConfig
-    from blockscope.text import read_passage
-
-    s = settings["norm_placement"]
-    tc = npl.TrainConfig(steps=s.get("train_steps", 300), warmup_steps=s.get("warmup_steps", 100),
-                         lr=s.get("lr", 3e-3), batch_size=s.get("batch_size", 16),
-                         seq_len=s.get("seq_len", 64), seed=s.get("seed", 0))
-    tc.check()
-    init_cfg = StackConfig.from_hf(load_config(s.get("model", "gpt2")),
-                                   n_layers=s.get("n_layers"), d_model=s.get("d_model"),
-                                   n_heads=s.get("n_heads"))
-    init_cfg = replace(init_cfg, n_ctx=min(init_cfg.n_ctx, s.get("max_tokens", 256)))
-    d = s.get("train_d_model", 128)
-    train_cfg = StackConfig(n_layers=s.get("train_layers", 6), d_model=d,
-                            n_heads=s.get("train_heads", 4), d_mlp=4 * d, n_ctx=tc.seq_len,
-                            d_vocab=256)
-    data = npl.byte_ids(read_passage(s.get("text", "data/alice.txt")).text)
-    _, trained, summary, claims = npl.run_all(init_cfg, train_cfg, data, tc,
-                                              max_tokens=s.get("max_tokens", 256),
-                                              seeds=s.get("seeds", 5))
-    return claims, {"norm-init": summary, "norm-train": trained}

@@ -91,3 +91,18 @@ def windows(n_tokens: int, n_ctx: int, stride: int) -> list[Window]:
         if end == n_tokens:
             break
     return out
+
+
+def token_label(tokenizer, token_id: int) -> str:
+    """A token as text with its whitespace visible: spaces as '␠', newlines as '\\n',
+    tabs as '\\t' (an empty label would read as nothing)."""
+    text = tokenizer.decode([token_id])
+    return text.replace(" ", "␠").replace("\n", "\\n").replace("\t", "\\t") or "∅"
+
+
+def token_labels(tokenizer, ids: list[int], *, bos: bool = False) -> list[str]:
+    """Labels for a sequence: `<BOS>` at position 0 when it is the prepended BOS."""
+    labels = [token_label(tokenizer, i) for i in ids]
+    if bos and ids:
+        labels[0] = "<BOS>"
+    return labels

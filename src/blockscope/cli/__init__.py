@@ -4,7 +4,7 @@ Each command parses, loads, calls a pure experiment, renders and writes; nothing
 Heavy imports (torch, TransformerLens) happen inside the commands, so `--help` is instant.
 """
 
-from blockscope.cli import ablate, heads, norm, probes, reproduce, tables  # noqa: F401  (registers the commands)
+from blockscope.cli import ablate, heads, norm, probes, reproduce, roles, tables  # noqa: F401,E501  (registers the commands)
 from blockscope.cli.common import app
 
 

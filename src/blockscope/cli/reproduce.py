@@ -70,6 +70,7 @@ def reproduce(
     listed with the command to run. Example: blockscope reproduce --model gpt2
     """
     from blockscope import reproduce as rp
+    from blockscope import reproduce_sections as sections
     from blockscope.loading import load_model, spec_for
     from blockscope.results import check_out_dir, sidecar
 
@@ -101,10 +102,14 @@ def reproduce(
                     allow_pickle=allow_pickle))
         measured.update(more)
         frames.update(model_frames)
+    roles = None
+    if lm is not None and "head_roles" in settings:
+        with status("head roles: previous-token, duplicate-token, induction", quiet):
+            roles = sections.head_role_checks(lm, settings)
     claims = None
     if norm and "norm_placement" in settings:
         with status("norm-placement: gradients at initialization, then training", quiet):
-            claims, norm_frames = rp.norm_measures(settings)
+            claims, norm_frames = sections.norm_measures(settings)
         frames.update(norm_frames)
     table = rp.compare(figures, measured, commands(name, settings), model_loaded=lm is not None)
     best = rp.best_resid_variant(table)
@@ -117,9 +122,16 @@ def reproduce(
     stem = f"reproduce-{spec.slug}"
     pictures = plots(frames, name, stem) if plot else {}
     report = markdown(table, name, reference, best, headline, missing, pictures,
-                      norm_section(settings, claims))
+                      roles_section(settings, roles, name) + norm_section(settings, claims))
     if not quiet:
         render(table, best, headline)
+        if roles is not None:
+            from blockscope.render import table as rich_table
+
+            out.print(rich_table(roles, {"role": ("role", "s"), "head": ("head", "s"),
+                                         "score": ("score", ".3f"), "rank": ("rank", ".0f"),
+                                         "status": ("status", "s")},
+                                 title="known head roles (references) in this model"))
         if claims is not None:
             from blockscope.cli.norm import claims_table
 
@@ -128,6 +140,7 @@ def reproduce(
                    model_loaded=lm is not None, missing=missing, best_resid_variant=best,
                    prune_headline=headline, settings=settings,
                    norm_placement=None if claims is None else claims.to_dict(orient="records"),
+                   head_roles=None if roles is None else roles.to_dict(orient="records"),
                    wall_time_s=round(time.perf_counter() - started, 3))
     files = {"": table}
     write(out_path, stem, files, meta, quiet, extra={f"{stem}.md": report, **pictures})
@@ -169,6 +182,25 @@ def plots(frames: dict, name: str, stem: str) -> dict:
 def settings_prompt(frames: dict) -> str:
     df = next(v for k, v in frames.items() if k.startswith("resid-norm"))
     return str(df["prompt"].iloc[0]) if "prompt" in df else ""
+
+
+def roles_section(settings: dict, roles, name: str) -> list[str]:
+    """The report's head-roles section: which known heads are in each role's top 5."""
+    if "head_roles" not in settings:
+        return []
+    s = settings["head_roles"]
+    lines = [f"## {s.get('section', 'head roles')}", ""]
+    if roles is None:
+        return lines + ["Needs the model: `blockscope head-roles --model MODEL`.", ""]
+    lines += [f"Known heads (references, not the article's figures) against blockscope's "
+              f"head-roles scores on {name}:", "",
+              "| role | head | score | rank | status | source |",
+              "| --- | --- | ---: | ---: | --- | --- |"]
+    for r in roles.itertuples():
+        score = "" if r.score is None or r.score != r.score else f"{r.score:.3f}"
+        rank = "" if r.rank is None or r.rank != r.rank else str(int(r.rank))
+        lines.append(f"| {r.role} | {r.head} | {score} | {rank} | {r.status} | {r.source} |")
+    return lines + [""]
 
 
 def norm_section(settings: dict, claims) -> list[str]:
