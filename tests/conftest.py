@@ -52,3 +52,15 @@ def hf(tiny_dir):
 @pytest.fixture(scope="session")
 def alice_text() -> str:
     return ALICE.read_text(encoding="utf-8")
+
+
+def result(directory, name: str) -> Path:
+    """The file blockscope wrote as `name`, with its settings digest before the extension
+    (a-b.csv -> a-b-1f2e3d4c.csv): exactly one must exist."""
+    import re
+
+    stem, ext = name.rsplit(".", 1)
+    pattern = re.compile(re.escape(stem) + r"-[0-9a-f]{8}\." + re.escape(ext))
+    found = [p for p in Path(directory).iterdir() if pattern.fullmatch(p.name)]
+    assert len(found) == 1, (name, sorted(p.name for p in Path(directory).iterdir()))
+    return found[0]

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from blockscope.cli import app
 
-from .conftest import ALICE
+from .conftest import ALICE, result
 
 ABLATE_COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
                   "ratio", "block_influence", "angular_distance"]
@@ -31,7 +31,7 @@ def test_ablate_prints_table_and_writes_csv_and_json(run, tiny_dir, tmp_path):
               "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "baseline" in res.stdout and "perplexity" in res.stdout
-    csv = tmp_path / "ablate-tiny-gpt2-alice.csv"
+    csv = result(tmp_path, "ablate-tiny-gpt2-alice.csv")
     df = pd.read_csv(csv)
     assert list(df.columns) == ABLATE_COLUMNS
     assert list(df["variant"]) == ["baseline", "ablated", "ablated", "ablated"]
@@ -52,7 +52,7 @@ def test_quiet_prints_only_the_csv_path(run, tiny_dir, tmp_path):
     res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 20, "--part", "mlp",
               "--method", "mean", "--no-prepend-bos", "--out-dir", tmp_path, "--quiet")
     assert res.exit_code == 0, res.output
-    path = tmp_path / "ablate-tiny-gpt2-alice-mlp-mean.csv"
+    path = result(tmp_path, "ablate-tiny-gpt2-alice-mlp-mean.csv")
     assert res.stdout.strip() == str(path)
     df = pd.read_csv(path)
     assert (df["n_scored"] == 19).all() and set(df["part"][1:]) == {"mlp"}
@@ -161,16 +161,16 @@ def test_resid_norm_variants_are_labelled(run, tiny_dir, tmp_path):
     res = run("resid-norm", "The capital of France is", "-m", tiny_dir, "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "block 3" in res.stdout and "embeddings" in res.stdout
-    raw = pd.read_csv(tmp_path / "resid-norm-tiny-gpt2.csv")
+    raw = pd.read_csv(result(tmp_path, "resid-norm-tiny-gpt2.csv"))
     assert list(raw.columns) == ["after", "layer", "hook", "position", "token", "norm",
                                  "ratio_to_embed"]
-    meta = json.loads((tmp_path / "resid-norm-tiny-gpt2.json").read_text())
+    meta = json.loads((result(tmp_path, "resid-norm-tiny-gpt2.json")).read_text())
     assert meta["prepend_bos"] is False and meta["model"]["weights"] == "raw"
     assert meta["tokens"] == [464, 3139, 286, 4881, 318]
     res = run("resid-norm", "The capital of France is", "-m", tiny_dir, "--processed",
               "--prepend-bos", "--out-dir", tmp_path, "-q")
     assert res.exit_code == 0, res.output
-    path = tmp_path / "resid-norm-tiny-gpt2-processed-bos.csv"
+    path = result(tmp_path, "resid-norm-tiny-gpt2-processed-bos.csv")
     assert res.stdout.strip() == str(path)
     meta = json.loads(path.with_suffix(".json").read_text())
     assert meta["prepend_bos"] is True and meta["model"]["weights"] == "processed"
@@ -201,7 +201,7 @@ def test_shapes_command(run, tiny_dir, tmp_path):
     res = run("shapes", "The capital of France is", "-m", tiny_dir, "--block", 2,
               "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
-    df = pd.read_csv(tmp_path / "shapes-tiny-gpt2-block2.csv")
+    df = pd.read_csv(result(tmp_path, "shapes-tiny-gpt2-block2.csv"))
     assert df["matches"].all() and df.loc[0, "shape"] == "5 x 64"
     assert "block 3" not in one_error_line(run("shapes", "Hi there", "-m", tiny_dir,
                                                "--block", 3, "--out-dir", tmp_path / "x"))
@@ -212,7 +212,7 @@ def test_params_command(run, tmp_path):
     res = run("params", "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "124,439,808" in res.stdout and "7,087,872" in res.stdout
-    df = pd.read_csv(tmp_path / "params-gpt2.csv")
+    df = pd.read_csv(result(tmp_path, "params-gpt2.csv"))
     assert df.set_index("component").loc["total", "parameters"] == 124_439_808
     res = run("params", "-m", "gpt2", "-m", "llama-3.1-8b", "--n-heads", 32, "-q",
               "--out-dir", tmp_path)
@@ -226,7 +226,7 @@ def test_layernorm_command(run, tmp_path):
     res = run("layernorm", 2, 4, 6, 8, "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "[-1.342, -0.447, 0.447, 1.342]" in res.stdout and "2.236" in res.stdout
-    df = pd.read_csv(tmp_path / "layernorm-2_4_6_8.csv")
+    df = pd.read_csv(result(tmp_path, "layernorm-2_4_6_8.csv"))
     assert list(df.columns) == ["step", "index", "value"]
     res = run("layernorm", 1, 2, "--gain", "1,x", "--out-dir", tmp_path / "r")
     assert "--gain" in one_error_line(res)
@@ -237,17 +237,17 @@ def test_prune_heads_writes_heads_curve_and_sidecar(run, tiny_dir, tmp_path):
               "--order", "gradient", "--order", "random", "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "heads (" in res.stdout and "pruning curve, random order" in res.stdout
-    per_head = pd.read_csv(tmp_path / "prune-heads-tiny-gpt2-alice.csv")
+    per_head = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice.csv"))
     assert list(per_head.columns) == ["layer", "head", "method", "ablation_perplexity", "delta",
                                       "ratio", "gradient_importance", "normalized_importance",
                                       "rank"]
     assert len(per_head) == 12 and sorted(per_head["rank"]) == list(range(1, 13))
-    curve = pd.read_csv(tmp_path / "prune-heads-tiny-gpt2-alice-curve.csv")
+    curve = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice-curve.csv"))
     assert set(curve["order"]) == {"gradient", "random"}
     assert {"step", "heads_removed", "share_removed", "perplexity", "delta"} <= set(curve.columns)
-    one = pd.read_csv(tmp_path / "prune-heads-tiny-gpt2-alice-one-head.csv")
+    one = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice-one-head.csv"))
     assert len(one) == 4
-    meta = json.loads((tmp_path / "prune-heads-tiny-gpt2-alice.json").read_text())
+    meta = json.loads((result(tmp_path, "prune-heads-tiny-gpt2-alice.json")).read_text())
     assert meta["tolerance"] == 0.05 and set(meta["headline"]) == {"gradient", "random"}
     assert meta["replay"] == "plain" and meta["batch_size"] == 6
 
@@ -281,7 +281,7 @@ def test_ablate_naive_engine_is_recorded(run, tiny_dir, tmp_path):
     res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 30, "--engine", "naive",
               "--no-plot", "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
-    meta = json.loads((tmp_path / "ablate-tiny-gpt2-alice.json").read_text())
+    meta = json.loads((result(tmp_path, "ablate-tiny-gpt2-alice.json")).read_text())
     assert meta["engine"] == "naive" and meta["batch_size"] == 1 and meta["replay"] == "naive"
     assert "fallback" not in meta
 
@@ -303,7 +303,7 @@ def test_a_fallback_is_said_and_recorded(run, tiny_dir, tmp_path, monkeypatch):
               "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "warning: the cached engine's self-check failed" in " ".join(res.stderr.split())
-    meta = json.loads((tmp_path / "ablate-tiny-gpt2-alice.json").read_text())
+    meta = json.loads((result(tmp_path, "ablate-tiny-gpt2-alice.json")).read_text())
     assert "naive loop" in meta["fallback"] and meta["replay"] == "naive"
 
 
@@ -327,7 +327,36 @@ def test_resid_norm_says_a_parallel_block_has_no_mid_point(run, tmp_path):
               "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "no point between them" in " ".join(res.stdout.split())
-    meta = json.loads((tmp_path / "resid-norm-gptj.json").read_text())
+    meta = json.loads((result(tmp_path, "resid-norm-gptj.json")).read_text())
     assert meta["family"] == "GPT-J" and "parallel" in meta["mid_points"]
-    df = pd.read_csv(tmp_path / "resid-norm-gptj.csv")
+    df = pd.read_csv(result(tmp_path, "resid-norm-gptj.csv"))
     assert len(df) == 1 + 3 and not df["hook"].str.contains("mid").any()
+
+
+def test_runs_with_different_settings_never_share_a_file_and_reruns_say_so(run, tiny_dir,
+                                                                        tmp_path):
+    base = ["layernorm", "--out-dir", tmp_path]
+    assert run(*base, "2", "4", "6", "8").exit_code == 0
+    assert run(*base, "--eps", "0.1", "2", "4", "6", "8").exit_code == 0
+    csvs = sorted(tmp_path.glob("layernorm-2_4_6_8-*.csv"))
+    assert len(csvs) == 2  # the eps differs: two digests
+    again = run(*base, "2", "4", "6", "8")
+    assert again.exit_code == 0 and "replaced the results of an earlier run" in again.stderr
+    assert sorted(tmp_path.glob("layernorm-2_4_6_8-*.csv")) == csvs
+    meta = json.loads(csvs[0].with_suffix(".json").read_text())
+    assert csvs[0].stem.endswith(meta["settings_digest"])
+
+
+def test_no_overwrite_refuses_before_any_work(run, tiny_dir, tmp_path, monkeypatch):
+    args = ["ablate", "--text", ALICE, "--model", tiny_dir, "--max-tokens", 30, "--no-plot",
+            "--out-dir", tmp_path]
+    assert run(*args).exit_code == 0
+    from blockscope.cli import common
+
+    monkeypatch.setattr(common, "load", lambda *a: pytest.fail("loaded the model"))
+    res = run(*args, "--no-overwrite")
+    assert res.exit_code == 1 and "--no-overwrite: results of these settings exist" in res.stderr
+    monkeypatch.undo()
+    other = run(*args[:-2], "--out-dir", tmp_path, "--max-tokens", 31, "--no-overwrite")
+    assert other.exit_code == 0, other.output  # other settings: a file of their own
+    assert len(list(tmp_path.glob("ablate-tiny-gpt2-alice-*.csv"))) == 2

@@ -14,7 +14,7 @@ from blockscope.loading import load_model, spec_for
 from blockscope.text import tokenize
 from blockscope.toy import save_checkpoint, save_gpt2_checkpoint
 
-from .conftest import ALICE
+from .conftest import ALICE, result
 
 
 def mul_score(att: torch.Tensor, mask: torch.Tensor) -> float:
@@ -97,12 +97,12 @@ def test_a_hand_built_previous_token_head_scores_about_1_and_tops_the_table(tmp_
                                    "--max-tokens", "20", "--n-random", "8", "--out-dir",
                                    str(out), "--no-plot"])
     assert res.exit_code == 0, res.output
-    df = pd.read_csv(out / "head-roles-prev-alice.csv")
+    df = pd.read_csv(result(out, "head-roles-prev-alice.csv"))
     assert list(df.columns[:5]) == ["layer", "head", *ROLES]
     best = df.sort_values("previous_token", ascending=False).iloc[0]
     assert (best["layer"], best["head"]) == (0, 0)
     assert best["previous_token"] > 0.9  # 20 of its 21 queries have a previous token
-    meta = json.loads((out / "head-roles-prev-alice.json").read_text())
+    meta = json.loads((result(out, "head-roles-prev-alice.json")).read_text())
     assert len(meta["sequences"]["previous_token"]) == 21
     assert len(meta["sequences"]["duplicate_token and induction"]) == 17
     assert meta["top5"]["previous_token"][0] == "0.0"
@@ -138,24 +138,24 @@ def test_head_roles_join_prune_heads_by_layer_and_head(tiny_dir, tmp_path):
     res = run(app, ["head-roles", "--model", str(tiny_dir), "--text", str(ALICE),
                     "--max-tokens", "30", "--n-random", "8", "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
-    roles = pd.read_csv(out / "head-roles-tiny-gpt2-alice.csv")
-    prune = pd.read_csv(out / "prune-heads-tiny-gpt2-alice.csv")
+    roles = pd.read_csv(result(out, "head-roles-tiny-gpt2-alice.csv"))
+    prune = pd.read_csv(result(out, "prune-heads-tiny-gpt2-alice.csv"))
     merged = roles.merge(prune, on=["layer", "head"])
     assert len(merged) == len(roles) == 12
     assert merged["ablation_delta"].tolist() == pytest.approx(merged["delta"].tolist())
     assert merged["gradient_importance_x"].tolist() == pytest.approx(
         merged["gradient_importance_y"].tolist())
-    meta = json.loads((out / "head-roles-tiny-gpt2-alice.json").read_text())
+    meta = json.loads((result(out, "head-roles-tiny-gpt2-alice.json")).read_text())
     assert set(meta["spearman"]) == {f"{r} ~ {i}" for r in ROLES
                                      for i in ("ablation_delta", "gradient_importance")}
     assert "Spearman" in res.stdout
-    assert (out / "head-roles-tiny-gpt2-alice.png").exists()
+    assert (result(out, "head-roles-tiny-gpt2-alice.png")).exists()
 
 
 @pytest.mark.parametrize("args, message", [
     (["attention", "The capital", "--layer", "3"], "--layer 3 is out of range"),
     (["attention", "The capital", "--head", "4"], "--head 4 is out of range"),
-    (["attention", "Hi", "--no-prepend-bos"], "fewer than 2 tokens"),
+    (["attention", "Hi", "--no-prepend-bos"], "the text gives 1 token: fewer than 2"),
     (["head-roles", "--n-random", "1"], "--n-random must be at least 2"),
     (["head-roles", "--n-random", "64"], "--n-random must be between 2 and half the context"),
 ])

@@ -166,3 +166,14 @@ def test_out_of_range_filters_and_bad_options(tiny, ids):
         pruning_curve(tiny, ids, order="magnitude")
     with pytest.raises(BlockscopeError, match="--step"):
         pruning_curve(tiny, ids, step=1.5)
+
+
+def test_the_headline_stops_where_the_curve_first_leaves_the_band():
+    """A later step back inside the band does not count: heads go cumulatively."""
+    import pandas as pd
+
+    curve = pd.DataFrame({"heads_removed": [0, 10, 20, 30, 40],
+                          "ratio": [1.0, 1.01, 1.20, 1.02, 1.50]})
+    assert int(prunable(curve, tolerance=0.05)["heads_removed"]) == 10
+    assert int(prunable(curve, tolerance=0.25)["heads_removed"]) == 30
+    assert int(prunable(curve, tolerance=0.6)["heads_removed"]) == 40

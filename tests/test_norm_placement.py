@@ -13,7 +13,7 @@ from blockscope import norm_placement as np_exp
 from blockscope.cli import app
 from blockscope.norm_stack import WEIGHTS, Stack, StackConfig, init_weights, load_gpt2_weights
 
-from .conftest import ALICE
+from .conftest import ALICE, result
 
 SMALL = StackConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=32, d_vocab=50)
 
@@ -131,16 +131,16 @@ FAST = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--seeds", "2",
 def test_command_writes_both_csvs_sidecar_and_pictures(tmp_path):
     res = CliRunner().invoke(app, ["norm-placement", *FAST, "--out-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    init = pd.read_csv(tmp_path / "norm-placement-init.csv")
+    init = pd.read_csv(result(tmp_path, "norm-placement-init.csv"))
     assert list(init.columns) == ["layout", "scaled_init", "seed", "layer", "sublayer",
                                   "weight", "grad_norm", "resid_norm"]
-    train = pd.read_csv(tmp_path / "norm-placement-train.csv")
+    train = pd.read_csv(result(tmp_path, "norm-placement-train.csv"))
     assert list(train.columns) == ["layout", "warmup_steps", "seed", "step", "lr", "loss", "kind"]
     assert (train["kind"] == "final").sum() == 4
-    meta = json.loads((tmp_path / "norm-placement.json").read_text())
+    meta = json.loads((result(tmp_path, "norm-placement.json")).read_text())
     assert meta["init_stack"]["n_layers"] == 2 and len(meta["claims"]) == 5
-    assert (tmp_path / "norm-placement-init.png").exists()
-    assert (tmp_path / "norm-placement-train.png").exists()
+    assert (result(tmp_path, "norm-placement-init.png")).exists()
+    assert (result(tmp_path, "norm-placement-train.png")).exists()
     assert "the article's claims" in res.stdout
 
 

@@ -11,7 +11,7 @@ from blockscope.cli import app
 from blockscope.plots import ablation_plot
 from blockscope.text import tokenize
 
-from .conftest import ALICE
+from .conftest import ALICE, result
 
 
 def png_pixels(data: bytes):
@@ -28,7 +28,7 @@ def test_commands_write_a_valid_png(tiny_dir, tmp_path, args, name):
     res = CliRunner().invoke(app, [*map(str, args), "--model", str(tiny_dir),
                                    "--out-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    pixels = png_pixels((tmp_path / name).read_bytes())
+    pixels = png_pixels(result(tmp_path, name).read_bytes())
     assert pixels.shape[0] > 300 and pixels.shape[1] > 500
     assert pixels.std() > 0  # not a blank canvas
 
@@ -37,7 +37,7 @@ def test_params_png_and_no_plot(tmp_path):
     res = CliRunner().invoke(app, ["params", "-m", "gpt2", "-m", "llama-3.1-8b",
                                    "--out-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    png_pixels((tmp_path / "params-gpt2-llama-3.1-8b.png").read_bytes())
+    png_pixels((result(tmp_path, "params-gpt2-llama-3.1-8b.png")).read_bytes())
     res = CliRunner().invoke(app, ["params", "--no-plot", "--out-dir", str(tmp_path / "n")])
     assert res.exit_code == 0 and not list((tmp_path / "n").glob("*.png"))
 

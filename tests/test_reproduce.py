@@ -15,7 +15,7 @@ from blockscope.reproduce import (
     offline_measures,
 )
 
-from .conftest import ALICE, REPO
+from .conftest import ALICE, REPO, result
 
 ARTICLE = REPO / "experiments" / "article.toml"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -128,7 +128,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
                                    str(ref), "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
-    table = pd.read_csv(out / "reproduce-tiny-gpt2.csv")
+    table = pd.read_csv(result(out, "reproduce-tiny-gpt2.csv"))
     status = dict(zip(table["figure"] + "|" + table["variant"].fillna(""), table["status"],
                       strict=True))
     assert status["GPT-2 small: total|"] == "matches" and status["std|"] == "matches"
@@ -139,7 +139,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
                                                "no BOS, processed weights",
                                                "BOS, processed weights"])
     assert set(resid["status"]) == {"differs"}
-    report = (out / "reproduce-tiny-gpt2.md").read_text()
+    report = (result(out, "reproduce-tiny-gpt2.md")).read_text()
     assert "| baseline perplexity |" in report and "differs" in report
     assert "Head pruning" in report
     assert "## What heads do" in report
@@ -151,7 +151,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert len(pngs) == 8  # params, ablation, four residual-norm variants, norm init + train
     assert all(p.read_bytes().startswith(PNG) for p in pngs)
     assert all(f"]({p.name})" in report for p in pngs)
-    meta = json.loads((out / "reproduce-tiny-gpt2.json").read_text())
+    meta = json.loads((result(out, "reproduce-tiny-gpt2.json")).read_text())
     assert meta["model_loaded"] is True and meta["prune_headline"]
     assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 2
 
@@ -162,12 +162,12 @@ def test_reproduce_offline_without_the_model(tmp_path):
                                    "--no-norm-placement", "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
     assert "without the model" in res.stderr
-    table = pd.read_csv(out / "reproduce-gpt2.csv")
+    table = pd.read_csv(result(out, "reproduce-gpt2.csv"))
     needs = table[table["status"] == "needs the model"]
     assert set(needs["experiment"]) == {"ablate", "resid-norm"}
     assert needs["command"].str.startswith("blockscope ").all()
     assert (table[table["experiment"] == "params"]["status"] == "matches").all()
-    report = (out / "reproduce-gpt2.md").read_text()
+    report = (result(out, "reproduce-gpt2.md")).read_text()
     assert "needs the model" in report and "blockscope ablate --model gpt2" in report
     assert "Needs the model: `blockscope head-roles" in report
 

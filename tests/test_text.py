@@ -29,7 +29,8 @@ def test_max_tokens_counts_text_tokens_not_bos():
 
 @pytest.mark.parametrize(
     "content, message",
-    [(b"", "empty"), (b"  \n\t", "empty"), (b"abc\x00def", "binary"), (b"caf\xe9", "UTF-8")],
+    [(b"", "empty"), (b"  \n\t", "only whitespace"), (b"abc\x00def", "binary"),
+     (b"caf\xe9", "UTF-8")],
 )
 def test_bad_text_files(tmp_path, content, message):
     p = tmp_path / "t.txt"

@@ -198,9 +198,12 @@ def _score_mask(model, tokens, wins, keep: torch.Tensor, fill, prepared) -> tupl
 
 
 def prunable(curve: pd.DataFrame, tolerance: float) -> pd.Series:
-    """The curve's row with the most heads removed while perplexity <= baseline*(1+tol)."""
-    ok = curve[curve["ratio"] <= 1 + tolerance]
-    return ok.loc[ok["heads_removed"].idxmax()]
+    """The last row before the curve first leaves the band perplexity <= baseline*(1+tol):
+    heads go cumulatively, so a later step back inside the band does not count."""
+    rows = curve.sort_values("heads_removed", kind="stable").reset_index(drop=True)
+    out = (rows["ratio"] > 1 + tolerance).to_numpy()
+    first_out = int(out.argmax()) if out.any() else len(rows)
+    return rows.iloc[max(first_out - 1, 0)]
 
 
 def one_head_per_layer(

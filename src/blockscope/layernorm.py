@@ -32,8 +32,14 @@ def layer_norm_steps(
     """
     if len(x) < 2:
         raise BlockscopeError("layer norm needs at least 2 numbers")
+    if not eps > 0 or eps == float("inf"):
+        raise BlockscopeError(f"--eps must be a positive number (got {eps:g})")
     v = torch.tensor(list(x), dtype=torch.float64)  # (n,)
     g, b = _broadcast(gain, len(v), "gain", 1.0), _broadcast(bias, len(v), "bias", 0.0)
+    for name, t in (("input", v), ("--gain", g), ("--bias", b)):
+        if not torch.isfinite(t).all():
+            raise BlockscopeError(f"the {name} holds nan or inf: layer norm needs finite "
+                                  "numbers")
     mean = v.mean()
     centred = v - mean
     var = (centred**2).mean()

@@ -30,9 +30,17 @@ class ModelSpec:
     processed: bool  # TransformerLens compatibility mode (folded norms, centred weights)
 
     @property
+    def label(self) -> str:
+        """For titles: the directory's name (not its whole path) or the hub id, and the
+        dtype when it is not float32."""
+        base = Path(self.source).name if self.is_local else self.name
+        return base if self.dtype == "float32" else f"{base} ({self.dtype})"
+
+    @property
     def slug(self) -> str:
         """A filename-safe short name: the directory's name, or the hub id with / as --."""
         base = Path(self.source).name if self.is_local else self.source.replace("/", "--")
+        base += "" if self.dtype == "float32" else f"-{self.dtype}"  # the dtype shows
         return re.sub(r"[^A-Za-z0-9._-]+", "_", base) or "model"
 
 
@@ -78,6 +86,22 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
             )
         if not any(path.glob("*.bin")):
             raise BlockscopeError(f"--model {path}: no weights (*.safetensors) in the directory")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise BlockscopeError(f"--model {path}: no tokenizer files in the directory (one of "
+                              f"{', '.join(TOKENIZER_FILES)}); save the tokenizer beside the "
+                              "weights (tokenizer.save_pretrained)")
+
+
+# Any one of these makes a directory's tokenizer loadable by AutoTokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "tokenizer_config.json")
+
+
+def looks_like_path(name: str) -> bool:
+    """A --model that can only mean a path: ./x, /x, ~/x, x/, a/b/c, or a .json file
+    (hub ids are `name` or `org/name`)."""
+    return (name.startswith((".", "/", "~")) or name.endswith(("/", ".json"))
+            or name.count("/") >= 2)
 
 
 def spec_for(
@@ -87,7 +111,9 @@ def spec_for(
     resolve_dtype(dtype)
     dev = resolve_device(device)
     path = Path(name).expanduser()
-    if path.exists() or name.startswith((".", "/", "~")) or name.endswith("/"):
+    if path.exists() or looks_like_path(name):
+        if not path.exists():
+            raise BlockscopeError(f"--model {name}: no such directory")
         return ModelSpec(name, str(path.resolve()), True, dev, dtype, processed)
     from transformer_lens.tools.model_registry.registry_io import resolve_model_alias
 
@@ -213,6 +239,8 @@ def load_config(name: str):
         model_type, overrides = CONFIG_PRESETS[name]
         return AutoConfig.for_model(model_type, **overrides)
     path = Path(name).expanduser()
+    if not path.exists() and looks_like_path(name):
+        raise BlockscopeError(f"--model {name}: no such file or directory")
     try:
         if path.is_file():
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -253,3 +281,30 @@ def random_model(preset: str, tokenizer):
     return TransformerBridge.boot_transformers(
         preset, hf_model=hf_model.eval(), tokenizer=tokenizer, device="cpu"
     )
+
+
+def peek_sizes(spec: ModelSpec) -> dict | None:
+    """n_layers, n_heads and n_ctx from the config alone (a local directory's config.json,
+    or the cache), so options can be checked before the weights load; None when no
+    config is at hand without loading (the load then says why)."""
+    import json
+
+    try:
+        if spec.is_local:
+            data = json.loads((Path(spec.source) / "config.json").read_text(encoding="utf-8"))
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(spec.source, local_files_only=True)
+            data = getattr(config, "text_config", None) or config
+            data = data.to_dict()
+    except (OSError, ValueError, TypeError):
+        return None
+    data = data.get("text_config") or data
+
+    def first(*keys):
+        return next((data[k] for k in keys if isinstance(data.get(k), int)), None)
+
+    return {"n_layers": first("n_layer", "num_hidden_layers", "num_layers"),
+            "n_heads": first("n_head", "num_attention_heads", "num_heads"),
+            "n_ctx": first("n_positions", "max_position_embeddings", "n_ctx", "seq_length")}

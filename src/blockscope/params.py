@@ -23,7 +23,9 @@ HALVES = (("layer norms", ("ln", "norm")), ("attention", ("attn", "attention")),
 
 def _head_overrides(config, n_heads: int) -> None:
     d_model = getattr(config, "hidden_size", None) or config.n_embd
-    if n_heads < 1 or d_model % n_heads:
+    if n_heads < 1:
+        raise BlockscopeError(f"--n-heads must be at least 1 (got {n_heads})")
+    if d_model % n_heads:
         raise BlockscopeError(f"--n-heads {n_heads} must divide d_model {d_model}")
     kv = getattr(config, "num_key_value_heads", None)
     if kv is not None:  # grouped-query attention: keep the query heads per K/V head

@@ -18,23 +18,35 @@ from matplotlib.figure import Figure  # noqa: E402
 DPI = 120
 
 
+def _drawable(label: str) -> str:
+    """A token label in the plot font, which has no '\u2420' (the visible space of the
+    tables): a middle dot instead."""
+    return str(label).replace("\u2420", "\u00b7")
+
+
 def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
-    """Perplexity per removed block on a log axis; the baseline as a line."""
+    """Perplexity of each removal against the baseline: bars of perplexity / baseline on a
+    log axis, starting at 1 (the baseline), so a 5% change stays a short bar."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     rows = df.iloc[1:]
     base = df.loc[0, "perplexity"]
+    part = str(rows["part"].iloc[0]) if len(rows) and "part" in rows else "block"
     labels = [str(int(v)) for v in rows["layer"]]
-    ax.bar(labels, rows["perplexity"], color="tab:blue", label="block removed")
-    ax.axhline(base, color="tab:red", linestyle="--", label=f"baseline {base:,.1f}")
+    ratio = rows["perplexity"].to_numpy() / base
+    colors = ["tab:red" if r >= 1 else "tab:green" for r in ratio]
+    ax.bar(labels, ratio - 1, bottom=1, color=colors)
+    ax.axhline(1, color="black", linewidth=0.8, label=f"baseline {base:,.1f}")
     ax.set_yscale("log")
-    return _finish(fig, ax, "block removed (0-based)", "perplexity (log scale)", title)
+    what = "block" if part == "block" else f"{part} of the block"
+    return _finish(fig, ax, f"{what} removed (layer, 0-based)",
+                   "perplexity / baseline (log scale)", title)
 
 
 def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
     """Residual-stream norm along the stream on a log axis, one line per position."""
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=DPI)
     for pos, group in df.groupby("position", sort=True):
-        token = group["token"].iloc[0]
+        token = _drawable(group["token"].iloc[0])
         ax.plot(range(len(group)), group["norm"], marker="o", markersize=3,
                 label=f"pos {pos} {token!r}")
     points = list(df.groupby("position", sort=True).get_group(df["position"].iloc[0])["after"])
@@ -172,7 +184,7 @@ def attention_plot(df: pd.DataFrame, title: str) -> Figure:
     T = int(df["query_pos"].max()) + 1
     labels = (df[(df["layer"] == pairs[0][0]) & (df["head"] == pairs[0][1])]
               .drop_duplicates("query_pos").sort_values("query_pos")["query_token"]
-              .str.replace("\u2420", "\u00b7").tolist())  # the plot font has no SP symbol
+              .map(_drawable).tolist())
     size = max(3.0, 0.22 * T + 1.5)
     fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), dpi=DPI,
                              squeeze=False)

@@ -16,6 +16,7 @@ import torch
 
 from blockscope.arch import layout, stream_points
 from blockscope.errors import BlockscopeError
+from blockscope.text import token_label
 
 
 def resid_norms(
@@ -44,7 +45,8 @@ def resid_norms(
         norms = cache[name][0, idx].float().norm(dim=-1)  # (n_positions,)
         for p, norm in zip(idx, norms.tolist(), strict=True):
             rows.append({"after": label, "layer": layer, "hook": name, "position": p,
-                         "token": model.tokenizer.decode([int(tokens[0, p])]), "norm": norm})
+                         "token": token_label(model.tokenizer, int(tokens[0, p])),
+                         "norm": norm})
     df = pd.DataFrame(rows)
     df["layer"] = df["layer"].astype("Int64")
     embed = df[df["after"] == "embeddings"].set_index("position")["norm"]

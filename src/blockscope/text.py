@@ -29,9 +29,22 @@ class Window:
     first_target: int  # tokens first_target..end-1 are scored here, each exactly once overall
 
 
+DEFAULT_TEXT = Path("data/alice.txt")  # the commands' default --text
+
+
+def packaged_alice() -> Path:
+    """The Alice passage installed with blockscope."""
+    from importlib.resources import files
+
+    return Path(str(files("blockscope") / "data" / "alice.txt"))
+
+
 def read_passage(path: str | Path) -> Passage:
-    """Read a UTF-8 text file, refusing missing, empty, binary or non-UTF-8 files."""
+    """Read a UTF-8 text file, refusing missing, empty, binary or non-UTF-8 files. The
+    default `data/alice.txt`, run from a folder without it, is the installed copy."""
     p = Path(path)
+    if not p.exists() and p == DEFAULT_TEXT and packaged_alice().is_file():
+        p = packaged_alice()
     if not p.exists():
         raise BlockscopeError(f"--text {p}: no such file")
     if not p.is_file():
@@ -45,10 +58,27 @@ def read_passage(path: str | Path) -> Passage:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BlockscopeError(f"--text {p}: not valid UTF-8 (byte {exc.start})")
-    if not text.strip():
+        raise BlockscopeError(f"--text {p}: not valid UTF-8 (byte {exc.start}); if it is "
+                              f"Latin-1, convert it: iconv -f latin1 -t utf-8 {p} > out.txt")
+    if not text:
         raise BlockscopeError(f"--text {p}: the file is empty")
+    if not text.strip():
+        raise BlockscopeError(f"--text {p}: the file holds only whitespace")
     return Passage(p, text, hashlib.sha256(raw).hexdigest())
+
+
+def as_prompt(text: str) -> tuple[str, list[str]]:
+    """A prompt file's text as the prompt it holds: without a UTF-8 byte-order mark and
+    without the one trailing newline editors add; and what was stripped, to record."""
+    stripped = []
+    if text.startswith("\ufeff"):
+        text, stripped = text[1:], ["byte-order mark"]
+    for end in ("\r\n", "\n"):
+        if text.endswith(end):
+            text = text[: -len(end)]
+            stripped.append("trailing newline")
+            break
+    return text, stripped
 
 
 def tokenize(
@@ -68,7 +98,9 @@ def tokenize(
             raise BlockscopeError("the tokenizer has no BOS token; use --no-prepend-bos")
         ids = [tokenizer.bos_token_id, *ids]
     if len(ids) < 2:
-        raise BlockscopeError("the text gives fewer than 2 tokens: nothing to predict")
+        raise BlockscopeError(f"the text gives {len(ids)} token{'s' * (len(ids) != 1)}"
+                              f"{' with BOS' if prepend_bos else ''}: fewer than 2, "
+                              "nothing to predict")
     return torch.tensor([ids], dtype=torch.long)  # (1, pos)
 
 

@@ -14,6 +14,7 @@ from blockscope.cli.common import (
     Dtype,
     DtypeOpt,
     ModelOpt,
+    NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
     PlotOpt,
@@ -22,6 +23,7 @@ from blockscope.cli.common import (
     app,
     engine_record,
     err,
+    flag,
     handled,
     out,
     passage_run,
@@ -42,7 +44,7 @@ class Method(str, Enum):
 
 BosOpt = Annotated[
     bool,
-    typer.Option(
+    flag(
         help="Prepend the BOS token (GPT-2's <|endoftext|>, the document separator it was "
         "trained with), so the first word is predicted too. TransformerLens's default."
     ),
@@ -92,6 +94,7 @@ def ablate(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Skip each block in turn (its output = its input) and report perplexity on a passage.
 
@@ -113,7 +116,7 @@ def ablate(
     n_text = int(tokens.shape[-1]) - int(prepend_bos)
     correlations = experiment.metric_correlations(df)
     if not quiet:
-        out.print(ablation_table(df, f"{spec.name} on {passage.path.name}: {n_text} tokens"
+        out.print(ablation_table(df, f"{spec.label} on {passage.path.name}: {n_text} tokens"
                                  f"{' + BOS' if prepend_bos else ''}"))
         out.print("rank correlation (Spearman) with the perplexity increase: block influence "
                   f"{correlations['block_influence']:+.2f}, angular distance "
@@ -141,7 +144,7 @@ def ablate(
         what = {"block": "each block skipped", "attn": "each block's attention removed",
                 "mlp": "each block's MLP removed"}[part.value]
         extra[f"{stem}.png"] = ablation_plot(
-            df, f"{spec.name} on {passage.path.name} ({n_text} tokens): perplexity with {what}"
+            df, f"{spec.label} on {passage.path.name} ({n_text} tokens): perplexity with {what}"
             f"{' (mean)' if method is Method.mean else ''}")
     write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
 
@@ -160,7 +163,8 @@ def ablation_table(df, title: str):
     part, method = df.loc[len(df) - 1, "part"], df.loc[len(df) - 1, "method"]
     return table(
         shown,
-        {"block": ("block removed", "s"), "perplexity": ("perplexity", ",.2f"),
+        {"block": ("block removed" if part in ("block", "none") else f"{part} removed in "
+                   "block", "s"), "perplexity": ("perplexity", ",.2f"),
          "delta": ("change", "+,.2f"), "ratio": ("ratio", ".3f"),
          "block_influence": ("block influence", ".3f"),
          "angular_distance": ("angular dist.", ".3f")},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ def styled(label: str, style: str, rest: str = ""):
     return Text.assemble((label, style), rest)
 
 
+def flag(*names, **kwargs):
+    """A boolean typer.Option, shown in --help without a `<bool>` placeholder."""
+    return typer.Option(*names, metavar="", **kwargs)
+
+
 class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"
@@ -48,11 +54,16 @@ DeviceOpt = Annotated[str, typer.Option(help="auto (cuda if present, else cpu), 
 DtypeOpt = Annotated[Dtype, typer.Option(help="Weights and activations dtype.")]
 PickleOpt = Annotated[
     bool,
-    typer.Option("--allow-pickle", help="Allow pickle (.bin) weights (they can run code)."),
+    flag("--allow-pickle", help="Allow pickle (.bin) weights (they can run code)."),
 ]
-OutDirOpt = Annotated[Path, typer.Option(help="Where the CSV, JSON and PNG go.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the CSV's path.")]
-PlotOpt = Annotated[bool, typer.Option("--plot/--no-plot", help="Write a PNG beside the CSV.")]
+OutDirOpt = Annotated[Path, typer.Option(
+    help="Where the results go: CSV, JSON sidecar, and a PNG where the command draws one.")]
+QuietOpt = Annotated[bool, flag("--quiet", "-q",
+                                         help="Print only the main CSV's path.")]
+NoOverwriteOpt = Annotated[bool, flag(
+    "--no-overwrite", help="Refuse, before any work, if results of these exact settings are "
+    "already in --out-dir (by default they are replaced, and that is said).")]
+PlotOpt = Annotated[bool, flag("--plot/--no-plot", help="Write a PNG beside the CSV.")]
 TextFileOpt = Annotated[Path, typer.Option("--text", "-t", help="A UTF-8 text file.")]
 PromptArg = Annotated[
     str | None, typer.Argument(help="The prompt (or give --text FILE).", show_default=False)
@@ -74,7 +85,7 @@ def _print_version(value: bool) -> None:
 def root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_print_version, is_eager=True, help="Print version."),
+        flag("--version", callback=_print_version, is_eager=True, help="Print version."),
     ] = False,
 ) -> None:
     """blockscope: rerun the article's measurements on GPT-2 small or any TransformerLens model."""
@@ -85,7 +96,9 @@ def handled(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        token = _RUN.set((fn.__name__.replace("_", "-"), kwargs))  # for settings_digest
         try:
+            _refuse_overwrite()
             return fn(*args, **kwargs)
         except BlockscopeError as exc:
             err.print(styled("error: ", "bold red", str(exc)), highlight=False, soft_wrap=True)
@@ -105,8 +118,63 @@ def handled(fn):
                 soft_wrap=True,
             )
             raise typer.Exit(1)
+        finally:
+            _RUN.reset(token)
 
     return wrapper
+
+
+# The running command's name and parsed parameters (set by `handled`).
+_RUN: contextvars.ContextVar[tuple[str, dict] | None] = contextvars.ContextVar("run",
+                                                                             default=None)
+
+
+# Options that change only how results are shown or where they go, never what is measured.
+OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite"}
+
+
+def settings_digest() -> str:
+    """8 hex digits naming the running command's settings: every option and argument as
+    parsed (defaults included) but the output-only ones, and the content (sha256) of every
+    file given. Runs whose settings differ never share a file name; identical ones do."""
+    import hashlib
+    import json
+
+    command, params = _RUN.get() or (None, {})
+    record: dict = {"command": command}
+    for key, value in sorted(params.items()):
+        if key in OUTPUT_ONLY:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = [v.value if isinstance(v, Enum) else str(v) for v in value]
+        elif isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, Path):
+            value = ({"path": str(value), "sha256": hashlib.sha256(value.read_bytes()).hexdigest()}
+                     if value.is_file() else str(value))
+        record[key] = value
+    text = json.dumps(record, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def digested(name: str, digest: str | None = None) -> str:
+    """`name` with the settings digest before its extension: a-b.csv -> a-b-1f2e3d4c.csv."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}-{digest or settings_digest()}.{ext}" if dot else f"{name}-{digest}"
+
+
+def _refuse_overwrite() -> None:
+    """With --no-overwrite, refuse before any work when this command already wrote results
+    of these exact settings into --out-dir (every file it writes starts with its name and
+    ends with the digest)."""
+    command, params = _RUN.get() or (None, {})
+    if not params.get("no_overwrite"):
+        return
+    out_dir = Path(params.get("out_dir") or "results").expanduser()
+    found = sorted(out_dir.glob(f"{command}-*-{settings_digest()}.*")) if out_dir.is_dir() \
+        else []
+    if found:
+        raise BlockscopeError(f"--no-overwrite: results of these settings exist: {found[0]}")
 
 
 def status(message: str, quiet: bool):
@@ -118,19 +186,29 @@ def load(spec, allow_pickle: bool, quiet: bool):
     """Load the model, with a spinner on stderr unless quiet."""
     from blockscope.loading import load_model
 
+    if spec.dtype == "float16" and spec.device == "cpu":
+        err.print(styled("warning: ", "yellow", "float16 on the CPU runs about 8x slower than "
+                         "float32 here (no native half-precision matmul); bfloat16 is the "
+                         "faster half precision on a CPU"), highlight=False, soft_wrap=True)
+
     with status(f"loading {spec.name} on {spec.device} ({spec.dtype})", quiet):
         return load_model(spec, allow_pickle=allow_pickle)
 
 
 def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
     """The prompt from the argument or --text, and how to record where it came from."""
-    from blockscope.text import read_passage
+    from blockscope.text import as_prompt, read_passage
 
-    if (prompt is None) == (text_file is None):
+    if prompt is None and text_file is None:
+        raise BlockscopeError("give the prompt as an argument or with --text FILE")
+    if prompt is not None and text_file is not None:
         raise BlockscopeError("give the prompt as an argument or with --text FILE, not both")
     if text_file is not None:
         passage = read_passage(text_file)
-        return passage.text, {"path": str(passage.path), "sha256": passage.sha256}
+        text, stripped = as_prompt(passage.text)
+        if not text.strip():
+            raise BlockscopeError(f"--text {passage.path}: the prompt is empty")
+        return text, {"path": str(passage.path), "sha256": passage.sha256, "stripped": stripped}
     if not prompt.strip():
         raise BlockscopeError("the prompt is empty")
     return prompt, {"prompt": prompt}
@@ -165,23 +243,73 @@ class PassageRun:
             perplexity="exp(mean next-token NLL over every scored token)", **more)
 
 
+def sizes_of(model) -> dict:
+    """n_layers, n_heads, n_ctx of a loaded model (what `loading.peek_sizes` reads early)."""
+    cfg = model.cfg
+    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx}
+
+
+def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
+    """Load the model; `check(sizes)` (which raises BlockscopeError on a bad option) runs
+    first on the config alone where one is at hand without loading, then on the model."""
+    from blockscope.loading import peek_sizes
+
+    if check is not None:
+        early = peek_sizes(spec)
+        if early and None not in early.values():
+            check(early)
+    lm = load(spec, allow_pickle, quiet)
+    if check is not None:
+        check(sizes_of(lm))
+    return lm
+
+
 def passage_run(text: Path, model: str, *, device: str, dtype: str, max_tokens: int | None,
                 prepend_bos: bool, stride: int | None, out_dir: Path, allow_pickle: bool,
-                quiet: bool) -> PassageRun:
-    """Validate everything cheap first (text, options, device, out-dir), then load and
-    tokenize: bad input fails before the model loads."""
+                quiet: bool, check=None) -> PassageRun:
+    """Validate everything cheap first (text, options, device, out-dir; `check(sizes)`
+    against the config before the weights load), then load and tokenize: bad input fails
+    before the model loads."""
     from blockscope.loading import spec_for
     from blockscope.results import check_out_dir
     from blockscope.text import read_passage, tokenize
 
     if max_tokens is not None and max_tokens < 2:
         raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
+    if stride is not None and stride < 1:
+        raise BlockscopeError(f"--stride must be at least 1 (got {stride})")
+
+    def check_all(sizes):
+        if stride is not None and stride > sizes["n_ctx"]:
+            raise BlockscopeError(f"--stride {stride} is longer than the model's context "
+                                  f"({sizes['n_ctx']:,} tokens)")
+        if check is not None:
+            check(sizes)
+
     passage = read_passage(text)
     spec = spec_for(model, device=device, dtype=dtype)
     out_path = check_out_dir(out_dir)
-    lm = load(spec, allow_pickle, quiet)
+    lm = checked_load(spec, allow_pickle, quiet, check_all)
     tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    n_text = int(tokens.shape[-1]) - int(prepend_bos)
+    if max_tokens is not None and n_text < max_tokens and not quiet:
+        err.print(f"note: --max-tokens {max_tokens:,}, but {passage.path.name} has "
+                  f"{n_text:,} tokens: using all of them", highlight=False, soft_wrap=True)
+    if not quiet:
+        from blockscope.sweep import model_windows
+
+        n_win = len(model_windows(lm, tokens, stride))
+        err.print(f"{n_text:,} tokens{' + BOS' if prepend_bos else ''} of "
+                  f"{passage.path.name}, {n_win} window{'s' * (n_win != 1)} of up to "
+                  f"{lm.cfg.n_ctx:,}", highlight=False, soft_wrap=True)
     return PassageRun(passage, spec, out_path, lm, tokens, prepend_bos, max_tokens, stride)
+
+
+def check_context(tokens, model) -> None:
+    """Refuse a prompt longer than the model's context before anything runs."""
+    n, n_ctx = int(tokens.shape[-1]), int(model.cfg.n_ctx)
+    if n > n_ctx:
+        raise BlockscopeError(f"{n:,} tokens, the model's context is {n_ctx:,}")
 
 
 def comma_list(text: str | None, option: str, kind: type = float) -> list | None:
@@ -215,13 +343,16 @@ def model_record(spec) -> dict:
 
 def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
           extra: dict | None = None) -> list[Path]:
-    """Write `{suffix: DataFrame}` as `<stem><suffix>.csv`, `<stem>.json` and `extra`
-    (`{filename: Figure or text}`); say where."""
+    """Write `{suffix: DataFrame}` as `<stem><suffix>-<digest>.csv`, `<stem>-<digest>.json`
+    and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
+    say so when files of an earlier run with the same settings were replaced."""
     from blockscope.results import write_outputs
 
-    files = {f"{stem}{suffix}.csv": df for suffix, df in frames.items()}
-    files[f"{stem}.json"] = meta
-    files.update(extra or {})
+    digest = settings_digest()
+    files = {digested(f"{stem}{suffix}.csv", digest): df for suffix, df in frames.items()}
+    files[digested(f"{stem}.json", digest)] = {**meta, "settings_digest": digest}
+    files.update({digested(name, digest): content for name, content in (extra or {}).items()})
+    replaced = [name for name in files if (Path(out_dir) / name).exists()]
     try:
         paths = write_outputs(out_dir, files)
     finally:
@@ -231,6 +362,9 @@ def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
 
                 plt.close(content)
     csvs = [p for p in paths if p.suffix == ".csv"]
+    if replaced:
+        err.print(f"replaced the results of an earlier run with the same settings "
+                  f"({len(replaced)} files, settings {digest})", highlight=False, soft_wrap=True)
     if quiet:
         out.print(str(csvs[0]), highlight=False, soft_wrap=True)
     else:

@@ -24,6 +24,7 @@ from blockscope.cli.common import (
     Dtype,
     DtypeOpt,
     ModelOpt,
+    NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
     PlotOpt,
@@ -57,7 +58,8 @@ def prune_heads(
     method: MethodOpt = Method.zero,
     order: Annotated[
         list[Order] | None,
-        typer.Option(help="Pruning order; repeat for several curves. Default: gradient."),
+        typer.Option(help="Pruning order: gradient, ablation or random; repeat for several "
+                     "curves. Default: gradient.", metavar="ORDER"),
     ] = None,
     step: Annotated[
         float, typer.Option(help="Heads removed per step: a fraction of those left, or a count.")
@@ -80,6 +82,7 @@ def prune_heads(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Which heads matter, and how many can go with perplexity within a tolerance.
 
@@ -96,9 +99,22 @@ def prune_heads(
         raise BlockscopeError("--order ablation ranks every head: drop --layers/--heads")
     for o in orders:
         experiment.check_pruning(o, step)
+    if not 0 <= tolerance < float("inf"):
+        raise BlockscopeError(f"--tolerance must be a fraction of 0 or more (got {tolerance})")
+
+    def check(sizes):
+        n_layers, n_heads = sizes["n_layers"], sizes["n_heads"]
+        for name, ids, top in (("layers", layer_ids, n_layers), ("heads", head_ids, n_heads)):
+            bad = [i for i in ids or [] if not 0 <= i < top]
+            if bad:
+                raise BlockscopeError(f"--{name} {bad[0]} is out of range: 0 to {top - 1}")
+        if step >= 1 and step > n_layers * n_heads:
+            raise BlockscopeError(f"--step {step:g} heads is more than the model's "
+                                  f"{n_layers * n_heads} heads")
+
     run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
                       prepend_bos=prepend_bos, stride=stride, out_dir=out_dir,
-                      allow_pickle=allow_pickle, quiet=quiet)
+                      allow_pickle=allow_pickle, quiet=quiet, check=check)
     spec, passage, lm, tokens, cfg = run.spec, run.passage, run.model, run.tokens, run.model.cfg
     n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
     kw = dict(method=method.value, stride=stride, engine=engine.value)
@@ -124,10 +140,11 @@ def prune_heads(
     headline = {o: experiment.prunable(c, tolerance) for o, c in zip(orders, curves, strict=True)}
     sentences = [f"{o} order: {int(r.heads_removed)} of {n_total} heads "
                  f"({r.share_removed:.0%}) can go with perplexity {r.perplexity:,.2f} within "
-                 f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f}"
+                 f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f} "
+                 "(the last step before the curve first leaves that band)"
                  for o, r in headline.items()]
     if not quiet:
-        render(per_head, curves, one, sentences, spec.name, cfg)
+        render(per_head, curves, one, sentences, spec.label, cfg)
     meta = run.meta(
         "prune-heads", n_scored=int(curve.loc[0, "n_scored"]), method=method.value,
         engine=engine.value, **engine_record(ablation, *curves, one),
@@ -147,7 +164,7 @@ def prune_heads(
 
         extra[f"{stem}.png"] = prune_heads_plot(
             per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads, tolerance=tolerance,
-            title=f"{spec.name} on {passage.path.name}: which heads matter")
+            title=f"{spec.label} on {passage.path.name}: which heads matter")
     write(run.out_dir, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet,
           extra=extra)
 

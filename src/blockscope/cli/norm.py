@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from blockscope.cli.common import (
+    NoOverwriteOpt,
     OutDirOpt,
     PlotOpt,
     QuietOpt,
@@ -64,6 +65,7 @@ def norm_placement(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Pre-norm against post-norm: gradient norms per layer at initialization, and small
     models trained with and without a learning-rate warm-up. No weights are downloaded.
@@ -177,10 +179,11 @@ def render(summary, finals, claims, warmup: int) -> None:
     from rich.table import Table
 
     t = Table(title="gradient norm per block at initialization (mean over seeds)")
-    t.add_column("layer", justify="right")
+    t.add_column("layer", justify="right", overflow="fold")
     keys = [(lay, s) for lay in ("pre", "post") for s in (False, True)]
     for lay, s in keys:
-        t.add_column(f"{lay}-norm {'scaled' if s else 'unscaled'}", justify="right")
+        t.add_column(f"{lay}-norm {'scaled' if s else 'unscaled'}", justify="right",
+                     overflow="fold")
     for layer in sorted(summary["layer"].unique()):
         cells = []
         for lay, s in keys:
@@ -192,7 +195,7 @@ def render(summary, finals, claims, warmup: int) -> None:
     if finals:
         t = Table(title="training: final loss (mean of the last 10% of steps)")
         for col in ("layout", "no warm-up", f"warm-up {warmup}", "warm-up effect"):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", overflow="fold")
         for lay in ("pre", "post"):
             t.add_row(f"{lay}-norm", f"{finals[(lay, 0)]:.3f}", f"{finals[(lay, warmup)]:.3f}",
                       f"{finals[(lay, 0)] - finals[(lay, warmup)]:+.3f}")
@@ -206,7 +209,7 @@ def claims_table(claims):
 
     t = Table(title="the article's claims, measured here")
     for col in ("claim", "measured", "test", "shown"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for r in claims.itertuples():
         t.add_row(r.claim, r.measured, r.test, "yes" if r.shown else "NOT shown here")
     return t

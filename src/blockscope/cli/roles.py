@@ -15,6 +15,7 @@ from blockscope.cli.common import (
     Dtype,
     DtypeOpt,
     ModelOpt,
+    NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
     PlotOpt,
@@ -24,19 +25,18 @@ from blockscope.cli.common import (
     TextFileOpt,
     app,
     comma_list,
-    err,
+    flag,
     handled,
     load,
     model_record,
     out,
     passage_run,
     prompt_text,
-    styled,
     write,
 )
 from blockscope.errors import BlockscopeError
 
-AttnBosOpt = Annotated[bool, typer.Option(help="Prepend the BOS token (marked <BOS>), as "
+AttnBosOpt = Annotated[bool, flag(help="Prepend the BOS token (marked <BOS>), as "
                                           "TransformerLens does by default.")]
 
 
@@ -59,6 +59,7 @@ def head_roles(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Score every head as previous-token, duplicate-token and induction head
     (TransformerLens's head detector, "mul" measure), beside prune-heads' importance.
@@ -74,22 +75,28 @@ def head_roles(
         raise BlockscopeError(f"--n-random must be at least 2 (got {n_random})")
     if from_prune_heads is not None and not from_prune_heads.is_file():
         raise BlockscopeError(f"--from-prune-heads {from_prune_heads}: no such file")
+    def check(sizes):
+        top = (sizes["n_ctx"] - 1) // 2  # BOS + twice the random tokens must fit
+        if n_random > top:
+            raise BlockscopeError(f"--n-random must be between 2 and half the context "
+                                  f"({top}), got {n_random}")
+
     run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
                       prepend_bos=True, stride=None, out_dir=out_dir,
-                      allow_pickle=allow_pickle, quiet=quiet)
+                      allow_pickle=allow_pickle, quiet=quiet, check=check)
     lm, spec = run.model, run.spec
     if run.tokens.shape[-1] > lm.cfg.n_ctx:
         raise BlockscopeError(f"{run.tokens.shape[-1]} tokens, the model's context is "
                               f"{lm.cfg.n_ctx:,}: lower --max-tokens")
     random_ids = experiment.repeated_random(lm, n_random, seed)
-    joined = _prune_heads_csv(from_prune_heads, out_dir, spec, run.passage)
+    joined = _prune_heads_csv(from_prune_heads, out_dir, spec, run.passage)  # before work
     df = experiment.role_scores(lm, run.tokens, random_ids)
     corr = None
     if joined is not None:
         df, corr = experiment.join_importance(df, pd.read_csv(joined))
     tops = {role: experiment.top_heads(df, role) for role in experiment.ROLES}
     if not quiet:
-        render_roles(tops, corr, spec.name)
+        render_roles(tops, corr, spec.label)
     meta = run.meta(
         "head-roles", measure="mul: attention mass on the detection pattern / total mass "
         "(transformer_lens.head_detector), exclude_bos=False, exclude_current_token=False",
@@ -105,39 +112,46 @@ def head_roles(
         from blockscope.plots import head_roles_plot
 
         extra[f"{stem}.png"] = head_roles_plot(df, experiment.ROLES, lm.cfg.n_layers,
-                                               lm.cfg.n_heads, f"{spec.name}: head roles")
+                                               lm.cfg.n_heads, f"{spec.label}: head roles")
     write(run.out_dir, stem, {"": df}, meta, quiet, extra)
 
 
 def _prune_heads_csv(explicit: Path | None, out_dir: Path, spec, passage) -> Path | None:
-    """The prune-heads CSV to join: the one given (refused if it was made with another
-    model or text), else the one for this model and text in out_dir, if any."""
-    path = explicit or Path(out_dir) / f"prune-heads-{spec.slug}-{passage.path.stem}.csv"
-    if not path.is_file():
-        return None
-    try:
-        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-        same = (meta["model"]["name"] == spec.name
-                and meta["text"]["sha256"] == passage.sha256)
-    except (OSError, ValueError, KeyError, TypeError):
-        same = False
-    if same:
-        return path
-    why = f"{path} was not made with {spec.name} on {passage.path.name} (by its sidecar)"
+    """The prune-heads CSV to join: the one given (refused if its sidecar names another
+    model or text), else the newest one in out_dir for this model and text, if any."""
+    import re
+
     if explicit is not None:
-        raise BlockscopeError(f"--from-prune-heads {why}")
-    err.print(styled("warning: ", "yellow", f"not joined: {why}"), highlight=False,
-              soft_wrap=True)
+        if _same_run(explicit, spec, passage):
+            return explicit
+        raise BlockscopeError(f"--from-prune-heads {explicit} was not made with {spec.name} "
+                              f"on {passage.path.name} (by its sidecar)")
+    name = re.compile(re.escape(f"prune-heads-{spec.slug}-{passage.path.stem}")
+                      + r"(-mean)?-[0-9a-f]{8}\.csv")
+    found = [p for p in Path(out_dir).glob("prune-heads-*.csv") if name.fullmatch(p.name)]
+    for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        if _same_run(path, spec, passage):
+            out.print(f"joining {path}", highlight=False, soft_wrap=True)
+            return path
     return None
+
+
+def _same_run(csv: Path, spec, passage) -> bool:
+    """Whether the prune-heads sidecar beside `csv` names this model and this text."""
+    try:
+        meta = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))
+        return meta["model"]["name"] == spec.name and meta["text"]["sha256"] == passage.sha256
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def render_roles(tops: dict, corr: dict | None, name: str) -> None:
     from rich.table import Table
 
     t = Table(title=f"{name}: top heads per role (layer.head score)")
-    t.add_column("role")
+    t.add_column("role", overflow="fold")
     for i in range(max(len(v) for v in tops.values())):
-        t.add_column(f"#{i + 1}", justify="right")
+        t.add_column(f"#{i + 1}", justify="right", overflow="fold")
     for role, heads in tops.items():
         t.add_row(role.replace("_", " "), *[f"{layer}.{head} {s:.2f}" for layer, head, s in heads])
     out.print(t)
@@ -161,6 +175,7 @@ def attention(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """The attention patterns of chosen heads on a prompt: a heatmap grid, each query's
     top-3 keys, and a long CSV.
@@ -188,7 +203,7 @@ def attention(
                               f"{lm.cfg.n_ctx:,}")
     df = experiment.attention_table(lm, tokens, layers=layers, heads=heads, bos=prepend_bos)
     if not quiet:
-        render_attention(df, experiment, spec.name)
+        render_attention(df, experiment, spec.label)
     meta = {"command": "attention", "model": model_record(spec), "text": source,
             "tokens": tokens[0].tolist(), "prepend_bos": prepend_bos, "layers": layers,
             "heads": heads, "dtype": spec.dtype, "device": spec.device,
@@ -203,7 +218,7 @@ def attention(
     if plot:
         from blockscope.plots import attention_plot
 
-        extra[f"{stem}.png"] = attention_plot(df, f"{spec.name}: attention on {prompt_str!r}"
+        extra[f"{stem}.png"] = attention_plot(df, f"{spec.label}: attention on {prompt_str!r}"
                                               [:120])
     write(out_path, stem, {"": df}, meta, quiet, extra)
 
@@ -213,9 +228,9 @@ def render_attention(df, experiment, name: str) -> None:
 
     for layer, head in dict.fromkeys(zip(df["layer"], df["head"], strict=True)):
         t = Table(title=f"{name}: layer {layer}, head {head}: top-3 keys per query")
-        t.add_column("query")
+        t.add_column("query", overflow="fold")
         for i in range(3):
-            t.add_column(f"#{i + 1}")
+            t.add_column(f"#{i + 1}", overflow="fold")
         for query, keys in experiment.top_keys(df, layer, head):
             t.add_row(query, *[f"{k} {w:.2f}" for k, w in keys])
         out.print(t)

