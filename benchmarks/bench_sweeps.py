@@ -149,6 +149,9 @@ def main() -> None:
                         help="skip the naive single-head sweep (about 100-140 s a run here)")
     parser.add_argument("--skip-commands", action="store_true",
                         help="skip timing the whole commands in fresh processes")
+    parser.add_argument("--interleaved-only", action="store_true",
+                        help="only time naive and engine sweeps alternately (allocator tuned): "
+                        "the ratio least exposed to the machine's drift")
     parser.add_argument("--child", choices=["blocks", "heads"], help=argparse.SUPPRESS)
     parser.add_argument("--child-command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -215,6 +218,28 @@ def same_numbers(fast, naive) -> str:
     return f"max relative difference {rel:.1e} (target {REL:.0e}: {met})"
 
 
+def interleaved(model, ids, repeat: int) -> None:
+    """Naive and engine runs of each sweep alternating, allocator tuned: the machine's speed
+    drifts by tens of percent over minutes, so the ratio of medians of alternating runs is
+    the one to trust."""
+    tune_allocator()
+    for kind in ("blocks", "heads"):
+        fn = block_ablation if kind == "blocks" else single_head_ablation
+        times: dict[str, list[float]] = {"naive": [], "cached": []}
+        frames = {}
+        for _ in range(repeat):
+            for engine in times:
+                start = time.perf_counter()
+                frames[engine] = fn(model, ids, engine=engine)
+                times[engine].append(time.perf_counter() - start)
+        med = {e: statistics.median(t) for e, t in times.items()}
+        print(f"{kind} sweep, alternating: naive {med['naive']:.2f} s "
+              f"{[round(t, 2) for t in times['naive']]}, engine {med['cached']:.2f} s "
+              f"{[round(t, 2) for t in times['cached']]}: "
+              f"{verdict(med['naive'] / med['cached'], TARGETS[kind])}; numbers: "
+              f"{same_numbers(frames['cached'], frames['naive'])}", flush=True)
+
+
 def run(args, model_dir: str, arch: str) -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -228,6 +253,9 @@ def run(args, model_dir: str, arch: str) -> None:
                    max_tokens=args.tokens)
     what = "GPT-2 small" if arch == "gpt2" else "Llama at GPT-2 small's size"
     print(f"\n== random-init {what}, {ids.shape[1]} tokens (BOS + {args.tokens}), fp32, cpu")
+
+    if args.interleaved_only:
+        return interleaved(model, ids, args.repeat)
 
     def forward():
         with torch.inference_mode():
