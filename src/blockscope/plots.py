@@ -37,6 +37,10 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
     ax.bar(labels, ratio - 1, bottom=1, color=colors)
     ax.axhline(1, color="black", linewidth=0.8, label=f"baseline {base:,.1f}")
     ax.set_yscale("log")
+    from matplotlib.ticker import LogFormatter
+
+    ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # 1.4, not 1.4 x 10^0
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     what = "block" if part == "block" else f"{part} of the block"
     return _finish(fig, ax, f"{what} removed (layer, 0-based)",
                    "perplexity / baseline (log scale)", title)
@@ -149,11 +153,13 @@ def norm_train_plot(trained: pd.DataFrame, title: str) -> Figure:
 
 
 def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
+    """Labels, title, legend; fixed margins for these one-axes 8 x 4.5 figures (tight_layout
+    draws the whole figure once more just to measure it: a quarter second per command)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend()
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.12, top=0.9)
     return fig
 
 
