@@ -27,8 +27,8 @@ from blockscope.cli.common import (
     handled,
     out,
     passage_run,
-    write,
 )
+from blockscope.cli.output import write
 
 
 class Part(str, Enum):

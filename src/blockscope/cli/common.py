@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import os
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from blockscope.cli import output
 from blockscope.errors import BlockscopeError
 
 app = typer.Typer(
@@ -96,9 +96,9 @@ def handled(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        token = _RUN.set((fn.__name__.replace("_", "-"), kwargs))  # for settings_digest
+        token = output.RUN.set((fn.__name__.replace("_", "-"), kwargs))  # for the digest
         try:
-            _refuse_overwrite()
+            output.refuse_overwrite()
             return fn(*args, **kwargs)
         except BlockscopeError as exc:
             err.print(styled("error: ", "bold red", str(exc)), highlight=False, soft_wrap=True)
@@ -119,62 +119,9 @@ def handled(fn):
             )
             raise typer.Exit(1)
         finally:
-            _RUN.reset(token)
+            output.RUN.reset(token)
 
     return wrapper
-
-
-# The running command's name and parsed parameters (set by `handled`).
-_RUN: contextvars.ContextVar[tuple[str, dict] | None] = contextvars.ContextVar("run",
-                                                                             default=None)
-
-
-# Options that change only how results are shown or where they go, never what is measured.
-OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite"}
-
-
-def settings_digest() -> str:
-    """8 hex digits naming the running command's settings: every option and argument as
-    parsed (defaults included) but the output-only ones, and the content (sha256) of every
-    file given. Runs whose settings differ never share a file name; identical ones do."""
-    import hashlib
-    import json
-
-    command, params = _RUN.get() or (None, {})
-    record: dict = {"command": command}
-    for key, value in sorted(params.items()):
-        if key in OUTPUT_ONLY:
-            continue
-        if isinstance(value, (list, tuple)):
-            value = [v.value if isinstance(v, Enum) else str(v) for v in value]
-        elif isinstance(value, Enum):
-            value = value.value
-        elif isinstance(value, Path):
-            value = ({"path": str(value), "sha256": hashlib.sha256(value.read_bytes()).hexdigest()}
-                     if value.is_file() else str(value))
-        record[key] = value
-    text = json.dumps(record, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def digested(name: str, digest: str | None = None) -> str:
-    """`name` with the settings digest before its extension: a-b.csv -> a-b-1f2e3d4c.csv."""
-    stem, dot, ext = name.rpartition(".")
-    return f"{stem}-{digest or settings_digest()}.{ext}" if dot else f"{name}-{digest}"
-
-
-def _refuse_overwrite() -> None:
-    """With --no-overwrite, refuse before any work when this command already wrote results
-    of these exact settings into --out-dir (every file it writes starts with its name and
-    ends with the digest)."""
-    command, params = _RUN.get() or (None, {})
-    if not params.get("no_overwrite"):
-        return
-    out_dir = Path(params.get("out_dir") or "results").expanduser()
-    found = sorted(out_dir.glob(f"{command}-*-{settings_digest()}.*")) if out_dir.is_dir() \
-        else []
-    if found:
-        raise BlockscopeError(f"--no-overwrite: results of these settings exist: {found[0]}")
 
 
 def status(message: str, quiet: bool):
@@ -339,34 +286,3 @@ def engine_record(*frames) -> dict:
 def model_record(spec) -> dict:
     return {"name": spec.name, "source": spec.source, "local": spec.is_local,
             "weights": "processed" if spec.processed else "raw"}
-
-
-def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
-          extra: dict | None = None) -> list[Path]:
-    """Write `{suffix: DataFrame}` as `<stem><suffix>-<digest>.csv`, `<stem>-<digest>.json`
-    and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
-    say so when files of an earlier run with the same settings were replaced."""
-    from blockscope.results import write_outputs
-
-    digest = settings_digest()
-    files = {digested(f"{stem}{suffix}.csv", digest): df for suffix, df in frames.items()}
-    files[digested(f"{stem}.json", digest)] = {**meta, "settings_digest": digest}
-    files.update({digested(name, digest): content for name, content in (extra or {}).items()})
-    replaced = [name for name in files if (Path(out_dir) / name).exists()]
-    try:
-        paths = write_outputs(out_dir, files)
-    finally:
-        for content in (extra or {}).values():
-            if hasattr(content, "savefig"):
-                import matplotlib.pyplot as plt
-
-                plt.close(content)
-    csvs = [p for p in paths if p.suffix == ".csv"]
-    if replaced:
-        err.print(f"replaced the results of an earlier run with the same settings "
-                  f"({len(replaced)} files, settings {digest})", highlight=False, soft_wrap=True)
-    if quiet:
-        out.print(str(csvs[0]), highlight=False, soft_wrap=True)
-    else:
-        out.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
-    return paths

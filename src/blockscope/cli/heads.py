@@ -39,8 +39,8 @@ from blockscope.cli.common import (
     passage_run,
     status,
     styled,
-    write,
 )
+from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
 
 

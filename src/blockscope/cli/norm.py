@@ -21,8 +21,8 @@ from blockscope.cli.common import (
     handled,
     out,
     status,
-    write,
 )
+from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
 
 

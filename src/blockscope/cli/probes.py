@@ -29,8 +29,8 @@ from blockscope.cli.common import (
     model_record,
     out,
     prompt_text,
-    write,
 )
+from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
 
 ProbeBosOpt = Annotated[

@@ -18,15 +18,14 @@ from blockscope.cli.common import (
     PlotOpt,
     QuietOpt,
     app,
-    digested,
     err,
     flag,
     handled,
     out,
     status,
     styled,
-    write,
 )
+from blockscope.cli.output import digested, write
 from blockscope.errors import ModelUnavailable
 
 

@@ -32,8 +32,8 @@ from blockscope.cli.common import (
     out,
     passage_run,
     prompt_text,
-    write,
 )
+from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend the BOS token (marked <BOS>), as "
@@ -212,7 +212,8 @@ def attention(
     from blockscope.results import sidecar
 
     meta = sidecar(**meta)
-    digest = hashlib.sha256(json.dumps([tokens[0].tolist(), layers, heads]).encode())
+    digest = hashlib.sha256(json.dumps([tokens[0].tolist(), layers, heads],
+                                    allow_nan=False).encode())
     stem = f"attention-{spec.slug}-{digest.hexdigest()[:8]}"
     extra = {}
     if plot:

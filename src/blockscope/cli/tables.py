@@ -17,8 +17,8 @@ from blockscope.cli.common import (
     comma_list,
     handled,
     out,
-    write,
 )
+from blockscope.cli.output import write
 
 
 @app.command()
