@@ -41,6 +41,13 @@ class StackConfig:
     act: str = "gelu_new"  # GPT-2's tanh GELU (transformers' ACT2FN name)
 
     @classmethod
+    def gpt2_shaped(cls, n_layers: int, d_model: int, n_heads: int, n_ctx: int,
+                    d_vocab: int) -> StackConfig:
+        """A stack with GPT-2's proportions: MLP width 4 d_model."""
+        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_mlp=4 * d_model,
+                   n_ctx=n_ctx, d_vocab=d_vocab)
+
+    @classmethod
     def from_hf(cls, config, **sizes) -> StackConfig:
         """Sizes from any HF config (its layer count, widths, heads, context, vocabulary),
         overridden by `sizes` where not None."""

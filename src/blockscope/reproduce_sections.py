@@ -27,10 +27,9 @@ def norm_measures(settings: dict) -> tuple[pd.DataFrame, dict]:
                                    n_layers=s.get("n_layers"), d_model=s.get("d_model"),
                                    n_heads=s.get("n_heads"))
     init_cfg = replace(init_cfg, n_ctx=min(init_cfg.n_ctx, s.get("max_tokens", 256)))
-    d = s.get("train_d_model", 128)
-    train_cfg = StackConfig(n_layers=s.get("train_layers", 6), d_model=d,
-                            n_heads=s.get("train_heads", 4), d_mlp=4 * d, n_ctx=tc.seq_len,
-                            d_vocab=256)
+    train_cfg = StackConfig.gpt2_shaped(s.get("train_layers", 6), s.get("train_d_model", 128),
+                                        s.get("train_heads", 4), n_ctx=tc.seq_len,
+                                        d_vocab=256)
     data = npl.byte_ids(read_passage(s.get("text", "data/alice.txt")).text)
     _, trained, summary, claims = npl.run_all(init_cfg, train_cfg, data, tc,
                                               max_tokens=s.get("max_tokens", 256),

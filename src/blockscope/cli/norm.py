@@ -100,8 +100,8 @@ def norm_placement(
         init_cfg = replace(init_cfg, d_vocab=vocab)
     init_cfg = replace(init_cfg, n_ctx=min(init_cfg.n_ctx, max_tokens))  # positions used
     data = encode(passage.text)  # (N,) token ids
-    train_cfg = StackConfig(n_layers=train_layers, d_model=train_d_model, n_heads=train_heads,
-                            d_mlp=4 * train_d_model, n_ctx=max(seq_len, 1), d_vocab=vocab)
+    train_cfg = StackConfig.gpt2_shaped(train_layers, train_d_model, train_heads,
+                                        n_ctx=max(seq_len, 1), d_vocab=vocab)
     if train_steps:
         experiment.check_sizes(train_cfg, "norm-placement training")
         if data.numel() < seq_len + 2:
