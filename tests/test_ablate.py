@@ -19,8 +19,8 @@ def hf_ppl(model, ids) -> float:
         return math.exp(model(ids, labels=ids, use_cache=False).loss.item())
 
 
-def hf_sliding_ppl(model, ids, n_ctx, stride) -> float:
-    """HF's perplexity guide, with the loss summed exactly over scored tokens."""
+def hf_sliding_sum(model, ids, n_ctx, stride) -> tuple[float, int]:
+    """HF's perplexity guide, with the loss summed exactly over scored tokens: (sum, count)."""
     total, count, prev_end = 0.0, 0, 0
     for begin in range(0, ids.shape[1], stride):
         end = min(begin + n_ctx, ids.shape[1])
@@ -33,6 +33,11 @@ def hf_sliding_ppl(model, ids, n_ctx, stride) -> float:
         total, count, prev_end = total + loss.item() * n, count + n, end
         if end == ids.shape[1]:
             break
+    return total, count
+
+
+def hf_sliding_ppl(model, ids, n_ctx, stride) -> float:
+    total, count = hf_sliding_sum(model, ids, n_ctx, stride)
     return math.exp(total / count)
 
 

@@ -11,7 +11,8 @@ from blockscope.cli import app
 from .conftest import ALICE, result
 
 ABLATE_COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
-                  "ratio", "block_influence", "angular_distance"]
+                  "ratio", "block_influence", "angular_distance", "ci_low", "ci_high",
+                  "delta_ci_low", "delta_ci_high"]
 SIDECAR_KEYS = {"command", "model", "text", "n_tokens", "n_scored", "prepend_bos", "dtype",
                 "device", "part", "method", "window", "versions", "date", "wall_time_s"}
 
@@ -240,7 +241,8 @@ def test_prune_heads_writes_heads_curve_and_sidecar(run, tiny_dir, tmp_path):
     per_head = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice.csv"))
     assert list(per_head.columns) == ["layer", "head", "method", "ablation_perplexity", "delta",
                                       "ratio", "gradient_importance", "normalized_importance",
-                                      "rank"]
+                                      "rank", "ci_low", "ci_high", "delta_ci_low",
+                                      "delta_ci_high"]
     assert len(per_head) == 12 and sorted(per_head["rank"]) == list(range(1, 13))
     curve = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice-curve.csv"))
     assert set(curve["order"]) == {"gradient", "random"}

@@ -14,9 +14,11 @@ import torch
 
 from blockscope import plan
 from blockscope.clean import clean_pass
+from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import PART_HOOKS, Edit
 from blockscope.similarity import BlockSimilarity, spearman
+from blockscope.stats import Bootstrap
 from blockscope.sweep import Progress, Variant, model_windows
 
 PARTS = ("block", "attn", "mlp")
@@ -40,7 +42,7 @@ def _fill(means: dict, layer: int, part: str) -> torch.Tensor | None:
 
 def block_ablation(
     model,
-    tokens: torch.Tensor,
+    tokens,
     *,
     part: str = "block",
     method: str = "zero",
@@ -49,11 +51,14 @@ def block_ablation(
     engine: str = "cached",
     batch_size: int | None = None,
     progress: Progress | None = None,
+    ci: Bootstrap | None = None,
 ) -> pd.DataFrame:
-    """Baseline row, then one row per removed layer: perplexity, change and ratio.
+    """Baseline row, then one row per removed layer: perplexity, change and ratio (and with
+    `ci`, bootstrap intervals: `stats.frame`).
 
     Args:
-        tokens: `(1, pos)` token ids, BOS already decided by the caller.
+        tokens: `(1, pos)` token ids of a passage, BOS already decided by the caller, or
+            `corpus.Docs` (each document scored alone; perplexity over all their tokens).
         part: "block" (the whole block skipped), "attn" or "mlp".
         method: "zero" (remove) or "mean" (replace by the clean mean over positions).
         stride: sliding-window stride for text longer than the context (default n_ctx/2).
@@ -71,26 +76,31 @@ def block_ablation(
     layers = list(range(n_layers)) if layers is None else list(layers)
     if any(not 0 <= i < n_layers for i in layers):
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
-    wins = model_windows(model, tokens, stride)
+    docs = as_docs(tokens)
     names = [n for i in layers for n in _mean_hook_names(i, part)] if method == "mean" else []
-    prepared = plan.prepare(model, tokens, wins, engine_name=engine, mean_names=names)
+    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names)
     variants = [Variant({"layer": i, "part": part, "method": method},
                         (Edit(part, i, _fill(prepared.means, i, part)),)) for i in layers]
-    df = plan.run(model, tokens, variants, wins=wins, prepared=prepared,
-                  batch_size=batch_size, progress=progress)
     similarity = BlockSimilarity(n_layers)  # cached: from the same clean passes, for free
-    for c in prepared.cleans or (clean_pass(model, tokens, w) for w in wins):
-        similarity.add(c)
+    df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
+                  batch_size=batch_size, progress=progress, ci=ci,
+                  on_clean=similarity.add if engine == "cached" else None)
+    if engine != "cached":
+        for ids in docs.ids:
+            for w in model_windows(model, ids, stride):
+                similarity.add(clean_pass(model, ids, w))
+    similarity = similarity.joined(docs.comm)
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"
     attrs = df.attrs
-    df = df.merge(similarity.frame(), on="layer", how="left")[COLUMNS]
+    df = df.merge(similarity.frame(), on="layer", how="left")[COLUMNS + CI_COLUMNS]
     df.attrs = attrs  # how the engine ran (merge drops it)
     return df
 
 
 COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
            "ratio", "block_influence", "angular_distance"]
+CI_COLUMNS = ["ci_low", "ci_high", "delta_ci_low", "delta_ci_high"]
 
 
 def metric_correlations(df: pd.DataFrame) -> dict[str, float]:

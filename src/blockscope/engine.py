@@ -170,7 +170,20 @@ def default_batch_size(model, n_tokens: int, plain: bool = False) -> int:
     return budget
 
 
-def engine_sweep(
+def engine_sweep(model, tokens: torch.Tensor, variants: Sequence[Start], *,
+                 wins: Sequence[Window], **kw) -> pd.DataFrame:
+    """Baseline row, then one row per variant (`engine_nlls` as a table); `attrs["engine"]`
+    says how it ran."""
+    nlls, how = engine_nlls(model, tokens, variants, wins=wins, **kw)
+    records = [{"variant": "baseline", **perplexity_row(nlls[0])}]
+    records += [{"variant": "ablated", **v.label, **perplexity_row(n)}
+                for v, n in zip(variants, nlls[1:], strict=True)]
+    df = with_change(records)
+    df.attrs["engine"] = how
+    return df
+
+
+def engine_nlls(
     model,
     tokens: torch.Tensor,
     variants: Sequence[Start],
@@ -180,13 +193,12 @@ def engine_sweep(
     names: Sequence[str] = (),
     batch_size: int | None = None,
     progress=None,
-) -> pd.DataFrame:
-    """Baseline row, then one row per variant: the same table `sweep.sweep` gives.
+) -> tuple[list[torch.Tensor], dict]:
+    """Per-token NLL `(n_scored,)` float64 of the clean pass, then of each variant, and how
+    they ran: the batch size and the blocks replayed ("plain", "bridge" or "plain+bridge").
 
     Each window's clean pass (kept hook points: `names`) is checked by `selfcheck.verify`
-    first (`ReplayMismatch` if the replay does not reproduce it). The result's
-    `attrs["engine"]` says how it ran: the batch size and the blocks replayed ("plain",
-    "bridge", or "plain+bridge")."""
+    first (`ReplayMismatch` if the replay does not reproduce it)."""
     from blockscope import arch, selfcheck
 
     lay = arch.layout(model)
@@ -214,13 +226,9 @@ def engine_sweep(
                     progress()
     if progress:
         progress()
-    records = [{"variant": "baseline", **perplexity_row(torch.cat(baseline))}]
-    records += [{"variant": "ablated", **v.label, **perplexity_row(torch.cat(n))}
-                for v, n in zip(variants, nlls, strict=True)]
-    df = with_change(records)
-    df.attrs["engine"] = {"replay": "+".join(sorted(how["replay"], reverse=True)),
-                          "batch_size": max(how["batch_size"])}
-    return df
+    return [torch.cat(baseline)] + [torch.cat(n) for n in nlls], {
+        "replay": "+".join(sorted(how["replay"], reverse=True)),
+        "batch_size": max(how["batch_size"])}
 
 
 def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:

@@ -11,44 +11,44 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import pandas as pd
 import torch
 
 from blockscope import plan
+from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import Edit, applied, head_edits, mask_heads
-from blockscope.sweep import (
-    Progress,
-    Variant,
-    model_windows,
-    window_nll,
-    with_change,
-)
+from blockscope.parallel import total
+from blockscope.stats import Bootstrap
+from blockscope.sweep import Progress, Variant, model_windows, window_nll
 
 ORDERS = ("gradient", "ablation", "random")
+# What each pruning step records of its run (the intervals are paired with step 0).
+ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "ci_low", "ci_high", "delta_ci_low",
+       "delta_ci_high"]
 ENGINES = plan.ENGINES
 
 
-def _prepare(model, tokens, wins, method: str, engine: str) -> tuple[plan.Prepared, dict]:
+def _prepare(model, docs, stride, method: str, engine: str) -> tuple[plan.Prepared, dict]:
     """The clean passes (or NLL) every head sweep starts from, and `fill`: None for zero
     ablation, else each layer's clean mean z over positions (n_heads, d_head)."""
     if method not in ("zero", "mean"):
         raise BlockscopeError("--method must be zero or mean")
     names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
-    prepared = plan.prepare(model, tokens, wins, engine_name=engine, heads=True,
+    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
                             mean_names=names if method == "mean" else ())
     fill = {i: prepared.means[n] for i, n in enumerate(names)} if method == "mean" else None
     return prepared, fill
 
 
-def _head_sweep(model, tokens, wins, items, *, prepared, fill, batch_size, progress):
+def _head_sweep(model, docs, items, *, prepared, fill, **kw):
     """Score `items` = [(label, layer, keep (n_heads,))], each changing one layer's heads."""
     variants = [Variant(label, (Edit("heads", layer, fill[layer] if fill else None, keep),))
                 for label, layer, keep in items]
-    return plan.run(model, tokens, variants, wins=wins, prepared=prepared,
-                    batch_size=batch_size, progress=progress)
+    return plan.run(model, docs, variants, prepared=prepared, **kw)
 
 
 def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -59,57 +59,64 @@ def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
 
 
 def single_head_ablation(
-    model, tokens: torch.Tensor, *, method: str = "zero", stride: int | None = None,
+    model, tokens, *, method: str = "zero", stride: int | None = None,
     layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
     engine: str = "cached", batch_size: int | None = None, progress: Progress | None = None,
+    ci: Bootstrap | None = None,
 ) -> pd.DataFrame:
-    """Baseline row, then one row per (layer, head) removed alone."""
+    """Baseline row, then one row per (layer, head) removed alone. `tokens`: a passage
+    `(1, pos)` or `corpus.Docs`; `ci`: bootstrap intervals (`stats.frame`)."""
     cfg = model.cfg
     layers = _check(layers, cfg.n_layers, "layers")
     heads = _check(heads, cfg.n_heads, "heads")
-    wins = model_windows(model, tokens, stride)
-    prepared, fill = _prepare(model, tokens, wins, method, engine)
+    docs = as_docs(tokens)
+    prepared, fill = _prepare(model, docs, stride, method, engine)
     items = []
     for layer in layers:
         for head in heads:
             keep = torch.ones(cfg.n_heads)
             keep[head] = 0
             items.append(({"layer": layer, "head": head, "method": method}, layer, keep))
-    df = _head_sweep(model, tokens, wins, items, prepared=prepared, fill=fill,
-                     batch_size=batch_size, progress=progress)
+    df = _head_sweep(model, docs, items, prepared=prepared, fill=fill, stride=stride,
+                     batch_size=batch_size, progress=progress, ci=ci)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     df.loc[0, "method"] = "none"
     return df
 
 
 def head_importance(
-    model, tokens: torch.Tensor, *, stride: int | None = None, keep: torch.Tensor | None = None
+    model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(importance, normalised), each (n_layers, n_heads).
 
     importance = |d(mean NLL)/d mask| with the mask at `keep` (default all ones); with several
     windows, each window's |gradient of its summed NLL| is added, then divided by the tokens
-    scored. normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
+    scored; over documents (`corpus.Docs`, every process), every window of every document.
+    normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
     """
+    docs = as_docs(tokens)
     cfg = model.cfg
     keep = torch.ones(cfg.n_layers, cfg.n_heads) if keep is None else keep
     mask = keep.detach().clone().float().to(cfg.device).requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)  # frozen weights: only the mask gets a gradient
-    total, n_scored = torch.zeros_like(mask), 0
+    summed, n_scored = torch.zeros_like(mask), 0
     try:
         with torch.enable_grad():
-            for w in model_windows(model, tokens, stride):
-                with applied(model, mask_heads(mask)):
-                    nll = window_nll(model, tokens, w)  # (n_scored,)
-                (grad,) = torch.autograd.grad(nll.sum(), mask)
-                total += grad.abs()
-                n_scored += nll.numel()
+            for ids in docs.ids:
+                for w in model_windows(model, ids, stride):
+                    with applied(model, mask_heads(mask)):
+                        nll = window_nll(model, ids, w)  # (n_scored,)
+                    (grad,) = torch.autograd.grad(nll.sum(), mask)
+                    summed += grad.abs()
+                    n_scored += nll.numel()
     finally:
         for p in params:
             p.requires_grad_(True)
-    importance = (total / n_scored).detach().cpu()
+    joined = total(docs.comm, {"grad": summed.detach().double().cpu(),
+                               "n": torch.tensor(float(n_scored), dtype=torch.float64)})
+    importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
     return importance, normalised
 
@@ -122,9 +129,10 @@ def check_pruning(order: str, step: float) -> None:
 
 
 def pruning_curve(
-    model, tokens: torch.Tensor, *, order: str = "gradient", step: float = 0.1,
+    model, tokens, *, order: str = "gradient", step: float = 0.1,
     method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
     seed: int = 0, engine: str = "cached", progress: Progress | None = None,
+    ci: Bootstrap | None = None,
 ) -> pd.DataFrame:
     """Remove heads cumulatively, least important first, until none is left.
 
@@ -135,15 +143,16 @@ def pruning_curve(
     """
     cfg = model.cfg
     check_pruning(order, step)
-    wins = model_windows(model, tokens, stride)
-    prepared, fill = _prepare(model, tokens, wins, method, engine)
-    base = plan.run(model, tokens, [], wins=wins, prepared=prepared)  # checked, or naive
+    docs = as_docs(tokens)
+    prepared, fill = _prepare(model, docs, stride, method, engine)
+    run = functools.partial(plan.run, model, docs, prepared=prepared, stride=stride, ci=ci)
+    base = run([])  # checked, or naive
     n_total = cfg.n_layers * cfg.n_heads
     keep = torch.ones(cfg.n_layers, cfg.n_heads)
     static = None
     if order == "ablation":
         if ablation is None:
-            ablation = single_head_ablation(model, tokens, method=method, stride=stride,
+            ablation = single_head_ablation(model, docs, method=method, stride=stride,
                                             engine=engine)
         rows = ablation.iloc[1:].sort_values("perplexity", kind="stable")
         static = [(int(r.layer), int(r.head)) for r in rows.itertuples()]
@@ -151,8 +160,7 @@ def pruning_curve(
         g = torch.Generator().manual_seed(seed)
         perm = torch.randperm(n_total, generator=g).tolist()
         static = [divmod(i, cfg.n_heads) for i in perm]
-    records = [{"step": 0, "heads_removed": 0,
-                **base.iloc[0][["n_scored", "nll", "perplexity"]].to_dict()}]
+    records = [{"step": 0, "heads_removed": 0, **base.iloc[0][ROW].to_dict()}]
     if progress:
         progress(total=n_total + 1)  # at most one step per head
         progress()
@@ -163,19 +171,20 @@ def pruning_curve(
         if static is not None:
             chosen = [lh for lh in static if keep[lh] == 1][:n]
         else:
-            _, score = head_importance(model, tokens, stride=stride, keep=keep)
+            _, score = head_importance(model, docs, stride=stride, keep=keep)
             score = score.masked_fill(keep == 0, float("inf")).flatten()
             chosen = [divmod(int(i), cfg.n_heads) for i in score.argsort(stable=True)[:n]]
         for lh in chosen:
             keep[lh] = 0
         removed += len(chosen)
-        row, ran = _score_mask(model, tokens, wins, keep.clone(), fill, prepared)
+        df = run([Variant({}, tuple(head_edits(keep.clone(), fill)))])
+        row, ran = df.iloc[1][ROW].to_dict(), df.attrs["engine"]
         how = ran if "fallback" in ran or not how else how
         records.append({"step": len(records), "heads_removed": removed, **row})
         if progress:
             progress(total=len(records) + _steps_left(n_total - removed, step))
             progress()
-    df = with_change(records)
+    df = pd.DataFrame(records)
     df.insert(0, "order", order)
     df.insert(3, "share_removed", df["heads_removed"] / n_total)
     df.attrs["engine"] = how  # how the steps ran (a fallback, if any step had one)
@@ -190,13 +199,6 @@ def _steps_left(remaining: int, step: float) -> int:
     return n
 
 
-def _score_mask(model, tokens, wins, keep: torch.Tensor, fill, prepared) -> tuple[dict, dict]:
-    """Perplexity with heads scaled by `keep` (n_layers, n_heads), and how it ran."""
-    variant = Variant({}, tuple(head_edits(keep, fill)))
-    df = plan.run(model, tokens, [variant], wins=wins, prepared=prepared)
-    return df.iloc[1][["n_scored", "nll", "perplexity"]].to_dict(), df.attrs["engine"]
-
-
 def prunable(curve: pd.DataFrame, tolerance: float) -> pd.Series:
     """The last row before the curve first leaves the band perplexity <= baseline*(1+tol):
     heads go cumulatively, so a later step back inside the band does not count."""
@@ -207,21 +209,21 @@ def prunable(curve: pd.DataFrame, tolerance: float) -> pd.Series:
 
 
 def one_head_per_layer(
-    model, tokens: torch.Tensor, importance: torch.Tensor, *, method: str = "zero",
+    model, tokens, importance: torch.Tensor, *, method: str = "zero",
     stride: int | None = None, engine: str = "cached", batch_size: int | None = None,
-    progress: Progress | None = None,
+    progress: Progress | None = None, ci: Bootstrap | None = None,
 ) -> pd.DataFrame:
     """For each layer alone: keep only its most important head, other layers intact."""
     cfg = model.cfg
-    wins = model_windows(model, tokens, stride)
-    prepared, fill = _prepare(model, tokens, wins, method, engine)
+    docs = as_docs(tokens)
+    prepared, fill = _prepare(model, docs, stride, method, engine)
     items = []
     for layer in range(cfg.n_layers):
         kept = int(importance[layer].argmax())
         keep = torch.zeros(cfg.n_heads)
         keep[kept] = 1
         items.append(({"layer": layer, "kept_head": kept}, layer, keep))
-    df = _head_sweep(model, tokens, wins, items, prepared=prepared, fill=fill,
-                     batch_size=batch_size, progress=progress)
+    df = _head_sweep(model, docs, items, prepared=prepared, fill=fill, stride=stride,
+                     batch_size=batch_size, progress=progress, ci=ci)
     df[["layer", "kept_head"]] = df[["layer", "kept_head"]].astype("Int64")
     return df

@@ -11,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
-from blockscope import arch, clean, engine, replay
+from blockscope import arch, clean, engine, replay, stats
+from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import hooks
-from blockscope.sweep import Progress, Variant, clean_means, sweep, token_nll
-from blockscope.text import Window
+from blockscope.parallel import total
+from blockscope.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls, token_nll
 
 ENGINES = ("cached", "naive")
 
@@ -30,36 +32,56 @@ def check_engine(name: str) -> None:
 
 @dataclass
 class Prepared:
-    """What a sweep starts from: the clean passes (cached engine) or the clean NLL (naive),
-    and the clean means over positions of the hook points asked for."""
+    """What every sweep of one set of documents starts from: the corpus-wide clean means of
+    the hook points asked for, and, where this process holds one document, its clean passes
+    (cached engine) or clean NLL (naive), reused by every `run`. With several documents each
+    `run` recomputes a document's clean pass when it scores it: memory stays flat."""
 
-    cleans: list | None  # clean.Clean per window, or None for the naive loop
-    baseline: torch.Tensor | None  # (n_scored,) clean NLL for the naive loop
-    means: dict[str, torch.Tensor]  # hook name -> mean activation over positions
+    engine: str  # "cached" or "naive"
+    names: list[str]  # hook points a clean pass keeps (cached engine)
+    means: dict[str, torch.Tensor]  # hook name -> mean activation over every position
+    cleans: list | None = None  # clean.Clean per window of the one document held (cached)
+    baseline: torch.Tensor | None = None  # (n_scored,) its clean NLL (naive)
 
 
-def prepare(model, tokens: torch.Tensor, wins: Sequence[Window], *, engine_name: str,
+def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
             mean_names: Sequence[str] = (), heads: bool = False) -> Prepared:
-    """One clean pass per window (cached engine) or the clean NLL (naive), and the means.
+    """Means over every position of every window of every document (of every process), and
+    the one document's clean passes or NLL when this process holds just one.
 
-    With one window the cached clean pass gives the means; with several, one hooked pass
-    over all windows does (a mean over every position of every window)."""
+    `tokens`: a passage `(1, pos)` or `corpus.Docs`. With one window the cached clean pass
+    gives the means; otherwise one hooked pass per window does."""
     check_engine(engine_name)
+    docs = as_docs(tokens)
     mean_names = sorted(set(mean_names))
-    if engine_name == "naive":
-        if mean_names:
-            nll, means = clean_means(model, tokens, wins, mean_names)
-            return Prepared(None, nll, means)
-        return Prepared(None, token_nll(model, tokens, wins), {})
-    lay = arch.layout(model)
-    names = sorted(set(clean.kept_names(lay, model.cfg.n_layers, heads)) | set(
-        n for n in mean_names if not n.endswith(("hook_resid_pre", "hook_resid_post"))))
-    cleans = [clean.clean_pass(model, tokens, w, names) for w in wins]
-    means = {}
-    if mean_names:
-        means = (clean.cached_means(cleans[0], mean_names) if len(wins) == 1
-                 else clean_means(model, tokens, wins, mean_names)[1])
-    return Prepared(cleans, None, means)
+    names = []
+    if engine_name == "cached":
+        lay = arch.layout(model)
+        names = sorted(set(clean.kept_names(lay, model.cfg.n_layers, heads)) | set(
+            n for n in mean_names if not n.endswith(("hook_resid_pre", "hook_resid_post"))))
+    prepared = Prepared(engine_name, names, {})
+    one = len(docs.ids) == 1
+    if one:
+        ids = docs.ids[0]
+        wins = model_windows(model, ids, stride)
+        if engine_name == "naive":
+            prepared.baseline = token_nll(model, ids, wins)
+        else:
+            prepared.cleans = [clean.clean_pass(model, ids, w, names) for w in wins]
+    if not mean_names:
+        return prepared
+    if one and docs.comm.size == 1 and prepared.cleans and len(prepared.cleans) == 1:
+        prepared.means = clean.cached_means(prepared.cleans[0], mean_names)
+        return prepared
+    sums, count = {}, 0
+    for ids in docs.ids:
+        _, s, n = clean_sums(model, ids, model_windows(model, ids, stride), mean_names)
+        sums = {k: sums.get(k, 0) + v for k, v in s.items()}
+        count += n
+    sums = total(docs.comm, sums or None)
+    count = total(docs.comm, count)
+    prepared.means = {k: (v / count).float() for k, v in sums.items()}
+    return prepared
 
 
 def start(model, lay: arch.Layout, v: Variant) -> engine.Start:
@@ -116,27 +138,75 @@ def _heads_delta(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | Non
     return delta
 
 
-def run(model, tokens: torch.Tensor, variants: Sequence[Variant], *, wins: Sequence[Window],
-        prepared: Prepared, batch_size: int | None = None,
-        progress: Progress | None = None) -> pd.DataFrame:
-    """Baseline row, then one row per variant, by the engine `prepared` was made for.
+def run(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
+        stride: int | None = None, batch_size: int | None = None,
+        progress: Progress | None = None, ci: stats.Bootstrap | None = None,
+        on_clean: Callable[[clean.Clean], None] | None = None) -> pd.DataFrame:
+    """Baseline row, then one row per variant, over every document of every process.
 
-    If the engine's self-check fails, every variant is scored by the naive loop instead and
-    `attrs["engine"]["fallback"]` says why; the numbers are then the reference's."""
-    if prepared.cleans is None:
-        df = sweep(model, tokens, variants, wins=wins, baseline_nll=prepared.baseline,
-                   progress=progress)
-        df.attrs["engine"] = {"replay": "naive", "batch_size": 1}
-        return df
-    lay = arch.layout(model)
-    starts = [start(model, lay, v) for v in variants]
+    Each document is scored alone (its own windows) by the engine `prepared` was made for;
+    per unit (a document, or a 128-token chunk of one passage) only the NLL sums and token
+    counts are kept, gathered across processes, and turned into corpus perplexity (and,
+    with `ci`, bootstrap intervals: `stats.frame`). If the engine's self-check fails on a
+    document, that document is scored by the naive loop and `attrs["engine"]["fallback"]`
+    says why; the numbers are then the reference's. `on_clean` sees every clean pass."""
+    docs = as_docs(tokens)
+    labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
+    starts = None
+    if prepared.engine == "cached":
+        lay = arch.layout(model)
+        starts = [start(model, lay, v) for v in variants]
+    one = len(docs.ids) == 1
+    if progress and not one:
+        progress(total=len(docs.ids))
+    units, hows = [], []
+    for k, ids in enumerate(docs.ids):
+        wins = model_windows(model, ids, stride)
+        nlls, how = _score(model, ids, wins, variants, starts, prepared, one, batch_size,
+                           progress if one else None, on_clean)
+        sums, counts = stats.unit_sums(torch.stack(nlls), docs.unit)  # (u, V), (u,)
+        units += [(docs.index[k], j, s, c)
+                  for j, (s, c) in enumerate(zip(sums, counts, strict=True))]
+        hows.append(how)
+        if progress and not one:
+            progress()
+    gathered = docs.comm.gather((units, hows))
+    units = sorted((u for part, _ in gathered for u in part), key=lambda u: u[:2])
+    df = stats.frame(labels, np.stack([u[2] for u in units]), np.array([u[3] for u in units]),
+                     ci, docs.unit)
+    df.attrs["engine"] = _how([h for _, part in gathered for h in part])
+    return df
+
+
+def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool, batch_size,
+           progress, on_clean) -> tuple[list[torch.Tensor], dict]:
+    """One document's per-token NLL, baseline first, and how it ran (`cached`: the clean
+    passes or NLL in `prepared` are this document's)."""
+    if starts is None:
+        return (naive_nlls(model, ids, variants, wins=wins,
+                           baseline_nll=prepared.baseline if cached else None,
+                           progress=progress), {"replay": "naive", "batch_size": 1})
+    cleans = prepared.cleans if cached else [clean.clean_pass(model, ids, w, prepared.names)
+                                             for w in wins]
+    for c in cleans if on_clean else ():
+        on_clean(c)
     try:
-        return engine.engine_sweep(model, tokens, starts, wins=wins, cleans=prepared.cleans,
-                                   batch_size=batch_size, progress=progress)
+        return engine.engine_nlls(model, ids, starts, wins=wins, cleans=cleans,
+                                  batch_size=batch_size, progress=progress)
     except engine.ReplayMismatch as exc:
         # the baseline too: the clean passes scored it through the replayed unembedding
-        df = sweep(model, tokens, variants, wins=wins, progress=progress)
-        df.attrs["engine"] = {"replay": "naive", "batch_size": 1,
-                              "fallback": f"the cached engine's self-check failed: {exc}; "
-                              "every variant was scored by the naive loop"}
-        return df
+        return (naive_nlls(model, ids, variants, wins=wins, progress=progress),
+                {"replay": "naive", "batch_size": 1,
+                 "fallback": f"the cached engine's self-check failed: {exc}; every variant "
+                 "was scored by the naive loop"})
+
+
+def _how(hows: list[dict]) -> dict:
+    """How the documents ran, as one record: the largest batch, every replay, any fallback."""
+    replays = {part for h in hows for part in h["replay"].split("+")}
+    record = {"replay": "+".join(sorted(replays, reverse=True)),
+              "batch_size": max(h["batch_size"] for h in hows)}
+    fallbacks = sorted({h["fallback"] for h in hows if "fallback" in h})
+    if fallbacks:
+        record["fallback"] = fallbacks[0] if len(fallbacks) == 1 else "; ".join(fallbacks)
+    return record

@@ -35,6 +35,13 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
     ratio = rows["perplexity"].to_numpy() / base
     colors = ["tab:red" if r >= 1 else "tab:green" for r in ratio]
     ax.bar(labels, ratio - 1, bottom=1, color=colors)
+    if "delta_ci_low" in rows and rows["delta_ci_low"].notna().all():
+        # the paired interval of each change, as a ratio: 1 + delta / baseline
+        lo = 1 + rows["delta_ci_low"].to_numpy() / base
+        hi = 1 + rows["delta_ci_high"].to_numpy() / base
+        ax.errorbar(labels, ratio, yerr=[(ratio - lo).clip(0), (hi - ratio).clip(0)],
+                    fmt="none", ecolor="black", elinewidth=1, capsize=3,
+                    label="95% interval (paired bootstrap)")
     ax.axhline(1, color="black", linewidth=0.8, label=f"baseline {base:,.1f}")
     ax.set_yscale("log")
     from matplotlib.ticker import LogFormatter
@@ -64,6 +71,22 @@ def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
     if df["position"].nunique() <= 12:
         ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def resid_norm_band_plot(df: pd.DataFrame, title: str) -> Figure:
+    """The median residual norm along the stream over a corpus's tokens, with the band from
+    the 10th to the 90th percentile, on a log axis."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
+    x = range(len(df))
+    ax.fill_between(x, df["p10"], df["p90"], alpha=0.25, label="10th-90th percentile")
+    ax.plot(x, df["median"], marker="o", markersize=3, label="median")
+    ax.set_yscale("log")
+    step = max(1, len(df) // 16)
+    ax.set_xticks(list(x)[::step], [str(a) for a in df["after"]][::step], rotation=45,
+                  ha="right", fontsize=7)
+    fig = _finish(fig, ax, "point of the residual stream", "L2 norm (log scale)", title)
+    fig.subplots_adjust(bottom=0.24)  # room for the slanted labels
     return fig
 
 

@@ -52,3 +52,44 @@ def resid_norms(
     embed = df[df["after"] == "embeddings"].set_index("position")["norm"]
     df["ratio_to_embed"] = df["norm"] / df["position"].map(embed)
     return df
+
+
+def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFrame:
+    """Over the tokens of a corpus (`corpus.Docs`, every process): the median, 10th and 90th
+    percentile and mean of the residual norm at every point of the stream, leaving out each
+    document's first position (BOS, or the first token: an outlier in every model).
+
+    A document longer than the context is read in the sliding windows of `ablate`, each
+    token once, with the context those windows give it."""
+    import numpy as np
+
+    from blockscope.corpus import as_docs
+    from blockscope.sweep import model_windows
+
+    docs = as_docs(tokens)
+    points = stream_points(layout(model), model.cfg.n_layers)
+    names = {name for name, _, _ in points}
+    norms = []  # per window: (n_points, n_new) float32
+    with torch.inference_mode():
+        for ids in docs.ids:
+            for w in model_windows(model, ids, stride):
+                chunk = ids[:, w.begin : w.end].to(model.cfg.device)
+                _, cache = model.run_with_cache(chunk, names_filter=names.__contains__)
+                lo = w.first_target - w.begin  # positions not read in an earlier window
+                norms.append(torch.stack([cache[name][0, lo:].float().norm(dim=-1)
+                                          for name, _, _ in points]).cpu())
+                del cache
+    mine = torch.cat(norms, dim=1).numpy() if norms else None
+    parts = [p for p in docs.comm.gather(mine) if p is not None]
+    if not parts or sum(p.shape[1] for p in parts) == 0:
+        raise BlockscopeError("no positions to measure: every document is a single token")
+    every = np.concatenate(parts, axis=1)  # (n_points, n_tokens)
+    p10, median, p90 = np.percentile(every, [10, 50, 90], axis=1)
+    df = pd.DataFrame({"after": [label for _, _, label in points],
+                       "layer": [layer for _, layer, _ in points],
+                       "hook": [name for name, _, _ in points],
+                       "n_tokens": every.shape[1], "median": median, "p10": p10, "p90": p90,
+                       "mean": every.mean(axis=1)})
+    df["layer"] = df["layer"].astype("Int64")
+    df["median_ratio_to_embed"] = df["median"] / df.loc[0, "median"]
+    return df

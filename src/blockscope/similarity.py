@@ -35,6 +35,16 @@ class BlockSimilarity:
             self.angle_sum[k] += (torch.arccos(cos) / math.pi).sum().cpu()
         self.count += clean.pre[0].shape[1] - lo
 
+    def joined(self, comm) -> BlockSimilarity:
+        """The sums of every process (`parallel.Comm`) in one."""
+        from blockscope.parallel import total
+
+        parts = total(comm, {"cos": self.cos_sum, "angle": self.angle_sum,
+                             "count": torch.tensor(float(self.count), dtype=torch.float64)})
+        out = BlockSimilarity(len(self.cos_sum))
+        out.cos_sum, out.angle_sum, out.count = parts["cos"], parts["angle"], float(parts["count"])
+        return out
+
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({
             "layer": range(len(self.cos_sum)),

@@ -59,10 +59,11 @@ def token_nll(model, tokens: torch.Tensor, wins: Sequence[Window]) -> torch.Tens
         return torch.cat([window_nll(model, tokens, w) for w in wins]).double().cpu()
 
 
-def clean_means(
+def clean_sums(
     model, tokens: torch.Tensor, wins: Sequence[Window], hook_names: Iterable[str]
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clean NLL and each hook's activation averaged over every position of every window."""
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+    """The clean NLL, each hook's activation summed over every position of every window
+    (float64), and the number of positions summed."""
     sums: dict[str, torch.Tensor] = {}
 
     def accumulator(name: str) -> Callable:
@@ -74,7 +75,14 @@ def clean_means(
 
     with applied(model, [(name, accumulator(name)) for name in sorted(set(hook_names))]):
         nll = token_nll(model, tokens, wins)
-    count = sum(w.end - w.begin for w in wins)
+    return nll, {k: v.cpu() for k, v in sums.items()}, sum(w.end - w.begin for w in wins)
+
+
+def clean_means(
+    model, tokens: torch.Tensor, wins: Sequence[Window], hook_names: Iterable[str]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clean NLL and each hook's activation averaged over every position of every window."""
+    nll, sums, count = clean_sums(model, tokens, wins, hook_names)
     return nll, {name: (s / count).float() for name, s in sums.items()}
 
 
@@ -99,7 +107,7 @@ def with_change(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def sweep(
+def naive_nlls(
     model,
     tokens: torch.Tensor,
     variants: Sequence[Variant],
@@ -107,19 +115,19 @@ def sweep(
     wins: Sequence[Window],
     baseline_nll: torch.Tensor | None = None,
     progress: Progress | None = None,
-) -> pd.DataFrame:
-    """Score the clean model, then each variant; add change and ratio vs the clean run."""
+) -> list[torch.Tensor]:
+    """Per-token NLL `(n_scored,)` float64 of the clean model, then of each variant (its
+    edits run as their hooks): one hooked forward per variant and window, the reference."""
     if progress:
         progress(total=len(variants) + 1)
     if baseline_nll is None:
         baseline_nll = token_nll(model, tokens, wins)
-    rows = [{"variant": "baseline", **perplexity_row(baseline_nll)}]
+    out = [baseline_nll]
     if progress:
         progress()
     for v in variants:
         with applied(model, hooks(v.edits)):
-            nll = token_nll(model, tokens, wins)
-        rows.append({"variant": "ablated", **v.label, **perplexity_row(nll)})
+            out.append(token_nll(model, tokens, wins))
         if progress:
             progress()
-    return with_change(rows)
+    return out

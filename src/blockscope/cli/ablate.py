@@ -19,14 +19,27 @@ from blockscope.cli.common import (
     PickleOpt,
     PlotOpt,
     QuietOpt,
-    TextFileOpt,
     app,
     engine_record,
     err,
     flag,
     handled,
     out,
-    passage_run,
+)
+from blockscope.cli.data import (
+    BootstrapOpt,
+    ColumnOpt,
+    ConfigOpt,
+    DatasetOpt,
+    NDocsOpt,
+    NTokensOpt,
+    RevisionOpt,
+    SeedOpt,
+    ShuffleOpt,
+    SplitOpt,
+    TextOpt,
+    corpus_run,
+    source_of,
 )
 from blockscope.cli.output import write
 
@@ -79,7 +92,17 @@ MethodOpt = Annotated[
 @app.command()
 @handled
 def ablate(
-    text: TextFileOpt = Path("data/alice.txt"),
+    text: TextOpt = None,
+    dataset: DatasetOpt = None,
+    config: ConfigOpt = None,
+    split: SplitOpt = None,
+    column: ColumnOpt = "text",
+    revision: RevisionOpt = None,
+    n_tokens: NTokensOpt = None,
+    n_docs: NDocsOpt = None,
+    shuffle: ShuffleOpt = False,
+    bootstrap: BootstrapOpt = 1000,
+    seed: SeedOpt = 0,
     model: ModelOpt = "gpt2",
     part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block,
     method: MethodOpt = Method.zero,
@@ -96,31 +119,39 @@ def ablate(
     quiet: QuietOpt = False,
     no_overwrite: NoOverwriteOpt = False,
 ) -> None:
-    """Skip each block in turn (its output = its input) and report perplexity on a passage.
+    """Skip each block in turn (its output = its input) and report perplexity on a passage
+    or a corpus, with bootstrap intervals.
 
     Example: blockscope ablate --text data/alice.txt --max-tokens 469
     """
     from blockscope import ablate as experiment
     from blockscope.render import progress_bar
+    from blockscope.stats import Bootstrap
 
     started = time.perf_counter()
-    run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
-                      prepend_bos=prepend_bos, stride=stride, out_dir=out_dir,
-                      allow_pickle=allow_pickle, quiet=quiet)
-    spec, passage, lm, tokens = run.spec, run.passage, run.model, run.tokens
-    with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", not quiet) as step:
+    source = source_of(text=text, dataset=dataset, config=config, split=split, column=column,
+                       revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
+                       seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    run = corpus_run(source, model, device=device, dtype=dtype.value, stride=stride,
+                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet)
+    spec, lm = run.spec, run.model
+    show = not quiet and run.comm.writes
+    with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", show) as step:
         df = experiment.block_ablation(
-            lm, tokens, part=part.value, method=method.value, stride=stride,
+            lm, run.docs, part=part.value, method=method.value, stride=stride,
             engine=engine.value, batch_size=batch_size, progress=step,
+            ci=Bootstrap(bootstrap, seed),
         )
-    n_text = int(tokens.shape[-1]) - int(prepend_bos)
+    if not run.comm.writes:
+        return
     correlations = experiment.metric_correlations(df)
-    if not quiet:
-        out.print(ablation_table(df, f"{spec.label} on {passage.path.name}: {n_text} tokens"
-                                 f"{' + BOS' if prepend_bos else ''}"))
+    uncertainty = uncertainty_record(df)
+    if show:
+        out.print(ablation_table(df, f"{spec.label} on {run.describe()}"))
         out.print("rank correlation (Spearman) with the perplexity increase: block influence "
                   f"{correlations['block_influence']:+.2f}, angular distance "
                   f"{correlations['angular_distance']:+.2f}", highlight=False)
+        out.print(stability_line(uncertainty), highlight=False, soft_wrap=True)
     suffix = "" if part is Part.block else f"-{part.value}"
     suffix += "" if method is Method.zero else f"-{method.value}"
     meta = run.meta(
@@ -131,12 +162,13 @@ def ablate(
         engine=engine.value,
         **engine_record(df),
         block_metrics="cosine of each block's input and output per token (all but the first "
-        "token): block_influence = 1 - mean cos (ShortGPT), angular_distance = mean "
-        "arccos(cos)/pi (Gromov et al.)",
+        "token of each document): block_influence = 1 - mean cos (ShortGPT), "
+        "angular_distance = mean arccos(cos)/pi (Gromov et al.)",
         spearman_with_delta=correlations,
+        uncertainty=uncertainty,
         wall_time_s=round(time.perf_counter() - started, 3),
     )
-    stem = f"ablate-{spec.slug}-{passage.path.stem}{suffix}"
+    stem = f"ablate-{spec.slug}-{source.stem}{suffix}"
     extra = {}
     if plot:
         from blockscope.plots import ablation_plot
@@ -144,9 +176,42 @@ def ablate(
         what = {"block": "each block skipped", "attn": "each block's attention removed",
                 "mlp": "each block's MLP removed"}[part.value]
         extra[f"{stem}.png"] = ablation_plot(
-            df, f"{spec.label} on {passage.path.name} ({n_text} tokens): perplexity with {what}"
+            df, f"{spec.label} on {run.describe()}: perplexity with {what}"
             f"{' (mean)' if method is Method.mean else ''}")
     write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
+
+
+def uncertainty_record(df) -> dict:
+    """The sidecar's account of the intervals: what was resampled and how."""
+    record = dict(df.attrs.get("uncertainty", {}))
+    if record.get("unit") == "chunk":
+        record["note"] = ("one passage: the bootstrap resamples its consecutive 128-token "
+                          "chunks (not independent documents), so the intervals say how much "
+                          "the figure hangs on which parts of this text, not on which text")
+    if "rank_stability" in record:
+        record["rank_stability_means"] = (
+            "Spearman correlation of the variants' perplexity changes between two random "
+            f"halves of the {record['unit']}s (seed {record['seed']})")
+    return record
+
+
+def stability_line(record: dict) -> str:
+    """One line on whether the ranking holds up across the corpus."""
+    unit, n = record.get("unit", "document"), record.get("n_units", 0)
+    if "rank_stability" not in record:
+        return (f"rank stability: needs 4 or more {unit}s and bootstrap on ({n} {unit}"
+                f"{'s' * (n != 1)} here)")
+    return (f"rank stability: Spearman {record['rank_stability']:+.2f} between the rankings "
+            f"from two random halves of the {n:,} {unit}s (near 1: the corpus is big enough "
+            "to rank them)")
+
+
+def with_intervals(value: float, lo: float, hi: float, spec: str = "+,.2f") -> str:
+    """`+1.20 [0.80, 1.60]`; the value alone where there is no interval."""
+    if lo != lo or hi != hi:  # NaN: no interval
+        return format(value, spec)
+    bound = spec.lstrip("+")
+    return f"{value:{spec}} [{lo:{bound}}, {hi:{bound}}]"
 
 
 def ablation_table(df, title: str):
@@ -159,16 +224,26 @@ def ablation_table(df, title: str):
     if len(ablated):
         styles[int(ablated["perplexity"].idxmax())] = "bold red"
         styles[int(ablated["perplexity"].idxmin())] = "green"
-    shown = df.assign(block=[("baseline" if pd.isna(v) else str(v)) for v in df["layer"]])
+    shown = df.assign(
+        block=[("baseline" if pd.isna(v) else str(v)) for v in df["layer"]],
+        ppl=[with_intervals(r.perplexity, r.ci_low, r.ci_high, ",.2f")
+             for r in df.itertuples()],
+        change=["" if i == 0 else with_intervals(r.delta, r.delta_ci_low, r.delta_ci_high)
+                for i, r in enumerate(df.itertuples())])
     part, method = df.loc[len(df) - 1, "part"], df.loc[len(df) - 1, "method"]
+    ci = df["ci_low"].notna().any()
     return table(
         shown,
         {"block": ("block removed" if part in ("block", "none") else f"{part} removed in "
-                   "block", "s"), "perplexity": ("perplexity", ",.2f"),
-         "delta": ("change", "+,.2f"), "ratio": ("ratio", ".3f"),
+                   "block", "s"),
+         "ppl": ("perplexity [95% CI]" if ci else "perplexity", "s"),
+         "change": ("change [95% CI, paired]" if ci else "change", "s"),
+         "ratio": ("ratio", ".3f"),
          "block_influence": ("block influence", ".3f"),
          "angular_distance": ("angular dist.", ".3f")},
         title=f"{title}; part={part}, method={method}",
         styles=styles,
-        caption="red: the removal that hurts most; green: the mildest. Blocks count from 0.",
+        caption="red: the removal that hurts most; green: the mildest. Blocks count from 0."
+        + (" Intervals: bootstrap percentiles; a change's interval resamples the same units "
+           "for the variant and the baseline." if ci else ""),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from dataclasses import dataclass
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -96,12 +96,26 @@ def handled(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        token = output.RUN.set((fn.__name__.replace("_", "-"), kwargs))  # for the digest
+        from blockscope import parallel
+
+        command = fn.__name__.replace("_", "-")
+        if kwargs.get("dataset", "") is None and kwargs.get("text", "") is None and (
+                "prompt" not in kwargs):
+            from blockscope.text import DEFAULT_TEXT
+
+            kwargs["text"] = DEFAULT_TEXT  # the passage commands' default text
+        token = output.RUN.set((command, kwargs))  # for the digest
+        rank = int(os.environ.get("RANK", "0"))
         try:
+            if parallel.world_size() > 1 and command not in DISTRIBUTED:
+                raise BlockscopeError(f"{command} runs in one process; under torchrun only "
+                                      f"{', '.join(sorted(DISTRIBUTED))} do")
             output.refuse_overwrite()
             return fn(*args, **kwargs)
         except BlockscopeError as exc:
-            err.print(styled("error: ", "bold red", str(exc)), highlight=False, soft_wrap=True)
+            if rank == 0:  # every process meets the same bad input: say it once
+                err.print(styled("error: ", "bold red", str(exc)), highlight=False,
+                          soft_wrap=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
             err.print("interrupted: nothing was written", highlight=False)
@@ -111,8 +125,10 @@ def handled(fn):
         except Exception as exc:
             if os.environ.get("BLOCKSCOPE_DEBUG"):
                 raise
+            where = "" if parallel.world_size() == 1 else (
+                f"rank {rank} of this torchrun (nothing was written): ")
             err.print(
-                styled("internal error: ", "bold red", f"{type(exc).__name__}: {exc} "
+                styled("internal error: ", "bold red", f"{where}{type(exc).__name__}: {exc} "
                        "(set BLOCKSCOPE_DEBUG=1 for the traceback)"),
                 highlight=False,
                 soft_wrap=True,
@@ -120,8 +136,13 @@ def handled(fn):
             raise typer.Exit(1)
         finally:
             output.RUN.reset(token)
+            if "torch.distributed" in sys.modules:
+                parallel.finish()
 
     return wrapper
+
+
+DISTRIBUTED = {"ablate", "prune-heads", "resid-norm"}  # commands that split work by rank
 
 
 def status(message: str, quiet: bool):
@@ -161,35 +182,6 @@ def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
     return prompt, {"prompt": prompt}
 
 
-@dataclass
-class PassageRun:
-    """What ablate and prune-heads share: a validated passage, a loaded model, its tokens."""
-
-    passage: object  # text.Passage
-    spec: object  # loading.ModelSpec
-    out_dir: Path  # checked writable, not yet created
-    model: object  # TransformerBridge
-    tokens: object  # (1, pos) token ids
-    prepend_bos: bool
-    max_tokens: int | None
-    stride: int | None
-
-    def meta(self, command: str, **more) -> dict:
-        """The sidecar fields every passage command records, plus `more`."""
-        from blockscope.results import sidecar
-        from blockscope.sweep import default_stride
-
-        n_ctx = self.model.cfg.n_ctx
-        return sidecar(
-            command=command, model=model_record(self.spec),
-            text={"path": str(self.passage.path), "sha256": self.passage.sha256},
-            n_tokens=int(self.tokens.shape[-1]) - int(self.prepend_bos),
-            prepend_bos=self.prepend_bos, max_tokens=self.max_tokens, dtype=self.spec.dtype,
-            device=self.spec.device,
-            window={"n_ctx": n_ctx, "stride": self.stride or default_stride(n_ctx)},
-            perplexity="exp(mean next-token NLL over every scored token)", **more)
-
-
 def sizes_of(model) -> dict:
     """n_layers, n_heads, n_ctx of a loaded model (what `loading.peek_sizes` reads early)."""
     cfg = model.cfg
@@ -209,47 +201,6 @@ def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
     if check is not None:
         check(sizes_of(lm))
     return lm
-
-
-def passage_run(text: Path, model: str, *, device: str, dtype: str, max_tokens: int | None,
-                prepend_bos: bool, stride: int | None, out_dir: Path, allow_pickle: bool,
-                quiet: bool, check=None) -> PassageRun:
-    """Validate everything cheap first (text, options, device, out-dir; `check(sizes)`
-    against the config before the weights load), then load and tokenize: bad input fails
-    before the model loads."""
-    from blockscope.loading import spec_for
-    from blockscope.results import check_out_dir
-    from blockscope.text import read_passage, tokenize
-
-    if max_tokens is not None and max_tokens < 2:
-        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
-    if stride is not None and stride < 1:
-        raise BlockscopeError(f"--stride must be at least 1 (got {stride})")
-
-    def check_all(sizes):
-        if stride is not None and stride > sizes["n_ctx"]:
-            raise BlockscopeError(f"--stride {stride} is longer than the model's context "
-                                  f"({sizes['n_ctx']:,} tokens)")
-        if check is not None:
-            check(sizes)
-
-    passage = read_passage(text)
-    spec = spec_for(model, device=device, dtype=dtype)
-    out_path = check_out_dir(out_dir)
-    lm = checked_load(spec, allow_pickle, quiet, check_all)
-    tokens = tokenize(lm.tokenizer, passage.text, prepend_bos=prepend_bos, max_tokens=max_tokens)
-    n_text = int(tokens.shape[-1]) - int(prepend_bos)
-    if max_tokens is not None and n_text < max_tokens and not quiet:
-        err.print(f"note: --max-tokens {max_tokens:,}, but {passage.path.name} has "
-                  f"{n_text:,} tokens: using all of them", highlight=False, soft_wrap=True)
-    if not quiet:
-        from blockscope.sweep import model_windows
-
-        n_win = len(model_windows(lm, tokens, stride))
-        err.print(f"{n_text:,} tokens{' + BOS' if prepend_bos else ''} of "
-                  f"{passage.path.name}, {n_win} window{'s' * (n_win != 1)} of up to "
-                  f"{lm.cfg.n_ctx:,}", highlight=False, soft_wrap=True)
-    return PassageRun(passage, spec, out_path, lm, tokens, prepend_bos, max_tokens, stride)
 
 
 def check_context(tokens, model) -> None:

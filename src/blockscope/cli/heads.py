@@ -29,16 +29,28 @@ from blockscope.cli.common import (
     PickleOpt,
     PlotOpt,
     QuietOpt,
-    TextFileOpt,
     app,
     comma_list,
     engine_record,
     err,
     handled,
     out,
-    passage_run,
     status,
     styled,
+)
+from blockscope.cli.data import (
+    BootstrapOpt,
+    ColumnOpt,
+    ConfigOpt,
+    DatasetOpt,
+    NDocsOpt,
+    NTokensOpt,
+    RevisionOpt,
+    ShuffleOpt,
+    SplitOpt,
+    TextOpt,
+    corpus_run,
+    source_of,
 )
 from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
@@ -53,7 +65,16 @@ class Order(str, Enum):
 @app.command("prune-heads")
 @handled
 def prune_heads(
-    text: TextFileOpt = Path("data/alice.txt"),
+    text: TextOpt = None,
+    dataset: DatasetOpt = None,
+    config: ConfigOpt = None,
+    split: SplitOpt = None,
+    column: ColumnOpt = "text",
+    revision: RevisionOpt = None,
+    n_tokens: NTokensOpt = None,
+    n_docs: NDocsOpt = None,
+    shuffle: ShuffleOpt = False,
+    bootstrap: BootstrapOpt = 1000,
     model: ModelOpt = "gpt2",
     method: MethodOpt = Method.zero,
     order: Annotated[
@@ -67,7 +88,8 @@ def prune_heads(
     tolerance: Annotated[
         float, typer.Option(help="Perplexity allowed above the baseline, as a fraction.")
     ] = 0.05,
-    seed: Annotated[int, typer.Option(help="Seed of the random order.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the random order, the bootstrap and "
+                                      "--shuffle.")] = 0,
     layers: Annotated[str | None, typer.Option(help="Single-head sweep only these layers, "
                                                "e.g. 0,5,11.")] = None,
     heads: Annotated[str | None, typer.Option(help="Single-head sweep only these heads.")] = None,
@@ -91,6 +113,7 @@ def prune_heads(
     """
     from blockscope import heads as experiment
     from blockscope.render import progress_bar
+    from blockscope.stats import Bootstrap
 
     started = time.perf_counter()
     orders = [o.value for o in (order or [Order.gradient])]
@@ -112,12 +135,16 @@ def prune_heads(
             raise BlockscopeError(f"--step {step:g} heads is more than the model's "
                                   f"{n_layers * n_heads} heads")
 
-    run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
-                      prepend_bos=prepend_bos, stride=stride, out_dir=out_dir,
-                      allow_pickle=allow_pickle, quiet=quiet, check=check)
-    spec, passage, lm, tokens, cfg = run.spec, run.passage, run.model, run.tokens, run.model.cfg
+    source = source_of(text=text, dataset=dataset, config=config, split=split, column=column,
+                       revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
+                       seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    run = corpus_run(source, model, device=device, dtype=dtype.value, stride=stride,
+                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet, check=check)
+    spec, lm, tokens, cfg = run.spec, run.model, run.docs, run.model.cfg
+    quiet = quiet or not run.comm.writes
     n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
-    kw = dict(method=method.value, stride=stride, engine=engine.value)
+    kw = dict(method=method.value, stride=stride, engine=engine.value,
+              ci=Bootstrap(bootstrap, seed))
     with progress_bar(err, n_sweep + 1, "ablating heads one at a time", not quiet) as tick:
         ablation = experiment.single_head_ablation(lm, tokens, layers=layer_ids, heads=head_ids,
                                                    batch_size=batch_size, progress=tick, **kw)
@@ -132,6 +159,8 @@ def prune_heads(
     with progress_bar(err, cfg.n_layers + 1, "one head per layer", not quiet) as tick:
         one = experiment.one_head_per_layer(lm, tokens, importance, batch_size=batch_size,
                                             progress=tick, **kw)
+    if not run.comm.writes:
+        return
     per_head = head_table(ablation, importance, normalised)
     import pandas as pd
 
@@ -143,8 +172,13 @@ def prune_heads(
                  f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f} "
                  "(the last step before the curve first leaves that band)"
                  for o, r in headline.items()]
+    from blockscope.cli.ablate import stability_line, uncertainty_record
+
+    uncertainty = uncertainty_record(ablation)
     if not quiet:
         render(per_head, curves, one, sentences, spec.label, cfg)
+        out.print(stability_line(uncertainty).replace("rankings", "head rankings"),
+                  highlight=False, soft_wrap=True)
     meta = run.meta(
         "prune-heads", n_scored=int(curve.loc[0, "n_scored"]), method=method.value,
         engine=engine.value, **engine_record(ablation, *curves, one),
@@ -155,16 +189,17 @@ def prune_heads(
         one_head_per_layer="kept head = the layer's highest gradient importance",
         headline={o: {"heads_removed": int(r.heads_removed), "share": float(r.share_removed),
                       "perplexity": float(r.perplexity)} for o, r in headline.items()},
+        uncertainty=uncertainty,
         wall_time_s=round(time.perf_counter() - started, 3),
     )
-    stem = f"prune-heads-{spec.slug}-{passage.path.stem}{'-mean' if method is Method.mean else ''}"
+    stem = f"prune-heads-{spec.slug}-{source.stem}{'-mean' if method is Method.mean else ''}"
     extra = {}
     if plot:
         from blockscope.plots import prune_heads_plot
 
         extra[f"{stem}.png"] = prune_heads_plot(
             per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads, tolerance=tolerance,
-            title=f"{spec.label} on {passage.path.name}: which heads matter")
+            title=f"{spec.label} on {run.name}: which heads matter")
     write(run.out_dir, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet,
           extra=extra)
 
@@ -179,7 +214,8 @@ def head_table(ablation, importance, normalised):
     ranks = (-normalised).flatten().argsort(stable=True).argsort() + 1  # 1 = most important
     df["rank"] = ranks.reshape(normalised.shape)[layer, head].numpy()
     return df[["layer", "head", "method", "ablation_perplexity", "delta", "ratio",
-               "gradient_importance", "normalized_importance", "rank"]]
+               "gradient_importance", "normalized_importance", "rank", "ci_low", "ci_high",
+               "delta_ci_low", "delta_ci_high"]]
 
 
 def render(per_head, curves, one, sentences, name: str, cfg) -> None:

@@ -37,12 +37,35 @@ def settings_digest() -> str:
             value = [v.value if isinstance(v, Enum) else str(v) for v in value]
         elif isinstance(value, Enum):
             value = value.value
+        elif (isinstance(value, Path) and value.is_file()) or (
+                key == "dataset" and value is not None and Path(value).expanduser().exists()):
+            # a file's content, or a local dataset's (a hub dataset: its id and --revision)
+            value = {"path": str(value), "sha256": content_sha256(Path(value).expanduser())}
         elif isinstance(value, Path):
-            value = ({"path": str(value), "sha256": hashlib.sha256(value.read_bytes()).hexdigest()}
-                     if value.is_file() else str(value))
+            value = str(value)
         record[key] = value
     text = repr(sorted(record.items()))  # deterministic; nan and inf hash like any value
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def content_sha256(path: Path) -> str | None:
+    """sha256 of a file's bytes, or of a directory's files (relative names and contents,
+    in name order: a local dataset); None for anything else."""
+    import hashlib
+
+    if path.is_file():
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    if path.is_dir():
+        h = hashlib.sha256()
+        for p in sorted(q for q in path.rglob("*") if q.is_file()):
+            h.update(str(p.relative_to(path)).encode() + b"\0")
+            h.update((content_sha256(p) or "").encode())
+        return h.hexdigest()
+    return None
 
 
 def digested(name: str, digest: str | None = None) -> str:

@@ -30,6 +30,17 @@ from blockscope.cli.common import (
     out,
     prompt_text,
 )
+from blockscope.cli.data import (
+    ColumnOpt,
+    ConfigOpt,
+    DatasetOpt,
+    NDocsOpt,
+    NTokensOpt,
+    RevisionOpt,
+    SeedOpt,
+    ShuffleOpt,
+    SplitOpt,
+)
 from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
 
@@ -62,6 +73,15 @@ def _common_meta(spec, source, tokens, prepend_bos, started) -> dict:
 def resid_norm(
     prompt: PromptArg = None,
     text: PromptFileOpt = None,
+    dataset: DatasetOpt = None,
+    config: ConfigOpt = None,
+    split: SplitOpt = None,
+    column: ColumnOpt = "text",
+    revision: RevisionOpt = None,
+    n_tokens: NTokensOpt = None,
+    n_docs: NDocsOpt = None,
+    shuffle: ShuffleOpt = False,
+    seed: SeedOpt = 0,
     model: ModelOpt = "gpt2",
     position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")] = -1,
     all_positions: Annotated[bool, flag("--all-positions", help="Every token.")] = False,
@@ -82,7 +102,8 @@ def resid_norm(
     quiet: QuietOpt = False,
     no_overwrite: NoOverwriteOpt = False,
 ) -> None:
-    """Length of the residual stream after the embeddings and after every half-block.
+    """Length of the residual stream after the embeddings and after every half-block: at
+    a prompt's tokens, or its distribution over a corpus (--dataset).
 
     Example: blockscope resid-norm "The capital of France is"
     """
@@ -94,6 +115,25 @@ def resid_norm(
     started = time.perf_counter()
     if all_positions and position != -1:
         raise BlockscopeError("give --position or --all-positions, not both")
+    if dataset is not None:
+        if prompt is not None or text is not None:
+            raise BlockscopeError("give a prompt, --text or --dataset, one of them")
+        if all_positions or position != -1:
+            raise BlockscopeError("--position/--all-positions pick a prompt's tokens; with "
+                                  "--dataset every position but each document's first counts")
+        from blockscope.cli.data import source_of
+
+        source = source_of(text=None, dataset=dataset, config=config, split=split,
+                           column=column, revision=revision, n_tokens=n_tokens, n_docs=n_docs,
+                           shuffle=shuffle, seed=seed, prepend_bos=prepend_bos, max_tokens=None)
+        return _corpus_norms(source, model, processed=processed, device=device, dtype=dtype,
+                             allow_pickle=allow_pickle, out_dir=out_dir, plot=plot, quiet=quiet,
+                             started=started)
+    from blockscope.parallel import world_size
+
+    if world_size() > 1:
+        raise BlockscopeError("under torchrun resid-norm splits a --dataset; a prompt runs "
+                              "in one process")
     text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, processed, out_dir)
     lm = load(spec, allow_pickle, quiet)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
@@ -129,6 +169,48 @@ def resid_norm(
             f"({'BOS' if prepend_bos else 'no BOS'}, {'processed' if processed else 'raw'} "
             "weights)")
     write(out_path, stem, {"": df}, meta, quiet, extra=extra)
+
+
+def _corpus_norms(source, model, *, processed, device, dtype, allow_pickle, out_dir, plot,
+                  quiet, started) -> None:
+    """resid-norm --dataset: the norm's distribution over every token of the corpus."""
+    from blockscope.arch import layout
+    from blockscope.cli.data import corpus_run
+    from blockscope.render import table
+    from blockscope.resid_norm import norm_distribution
+
+    run = corpus_run(source, model, device=device, dtype=dtype.value, stride=None,
+                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
+                     processed=processed)
+    df = norm_distribution(run.model, run.docs)
+    if not run.comm.writes:
+        return
+    spec, lay = run.spec, layout(run.model)
+    if not quiet:
+        out.print(table(df, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
+                             "p10": ("p10", ",.1f"), "median": ("median", ",.1f"),
+                             "p90": ("p90", ",.1f"), "median_ratio_to_embed":
+                             ("median / embeddings", ".1f")},
+                        title=f"{spec.label}, {'processed' if processed else 'raw'} weights: "
+                        f"residual stream norm over {int(df.loc[0, 'n_tokens']):,} tokens of "
+                        f"{run.name} (each document's first position left out)"))
+    meta = run.meta("resid-norm", family=lay.family, statistic="median, 10th and 90th "
+                    "percentile (numpy linear interpolation) and mean of the L2 norm over every "
+                    "token but each document's first", n_measured=int(df.loc[0, "n_tokens"]),
+                    mid_points="after each block's attention half (hook_resid_mid)"
+                    if lay.has_mid else f"{lay.family} blocks are parallel: no mid point",
+                    weights="processed" if processed else "raw",
+                    wall_time_s=round(time.perf_counter() - started, 3))
+    stem = (f"resid-norm-{spec.slug}{'-processed' if processed else ''}"
+            f"{'-bos' if source.prepend_bos else ''}-{source.stem}")
+    extra = {}
+    if plot:
+        from blockscope.plots import resid_norm_band_plot
+
+        extra[f"{stem}.png"] = resid_norm_band_plot(
+            df, f"{spec.label} on {run.name}: residual stream norm, median and 10-90th "
+            "percentile over tokens")
+    write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
 
 
 @app.command()

@@ -30,7 +30,6 @@ from blockscope.cli.common import (
     load,
     model_record,
     out,
-    passage_run,
     prompt_text,
 )
 from blockscope.cli.output import write
@@ -81,9 +80,12 @@ def head_roles(
             raise BlockscopeError(f"--n-random must be between 2 and half the context "
                                   f"({top}), got {n_random}")
 
-    run = passage_run(text, model, device=device, dtype=dtype.value, max_tokens=max_tokens,
-                      prepend_bos=True, stride=None, out_dir=out_dir,
-                      allow_pickle=allow_pickle, quiet=quiet, check=check)
+    from blockscope.cli.data import corpus_run
+    from blockscope.corpus import Source
+
+    run = corpus_run(Source(text=text, max_tokens=max_tokens), model, device=device,
+                     dtype=dtype.value, stride=None, out_dir=out_dir,
+                     allow_pickle=allow_pickle, quiet=quiet, check=check)
     lm, spec = run.model, run.spec
     if run.tokens.shape[-1] > lm.cfg.n_ctx:
         raise BlockscopeError(f"{run.tokens.shape[-1]} tokens, the model's context is "

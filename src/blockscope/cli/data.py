@@ -1,0 +1,178 @@
+"""What the passage commands read (--text or --dataset), and the run they share.
+
+`corpus_run` validates everything cheap first (source options, device, out-dir, the
+command's own `check` against the config), joins torchrun's process group when there is
+one, loads the model, and reads and tokenizes the text or corpus into `corpus.Docs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import checked_load, err, flag, model_record
+from blockscope.errors import BlockscopeError
+
+DatasetOpt = Annotated[str | None, typer.Option(
+    "--dataset", "-d", help="Score a corpus instead of --text: a hub dataset id, a local .txt "
+    "(one document per paragraph), .jsonl/.json, .csv or .parquet file, a directory of .txt "
+    "files (one document each) or a directory saved with datasets' save_to_disk.",
+    show_default=False)]
+ConfigOpt = Annotated[str | None, typer.Option(help="The hub dataset's configuration.",
+                                               show_default=False)]
+SplitOpt = Annotated[str | None, typer.Option(
+    help="Split (default: test for a hub dataset; a local source's one split).",
+    show_default=False)]
+ColumnOpt = Annotated[str, typer.Option(help="The column that holds the text.")]
+RevisionOpt = Annotated[str | None, typer.Option(
+    help="Hub dataset revision: branch, tag or commit.", show_default=False)]
+NTokensOpt = Annotated[int | None, typer.Option(
+    help="Token budget of a --dataset (BOS not counted): whole documents in order, the last "
+    "one cut to fit. Default: every document.", show_default=False)]
+NDocsOpt = Annotated[int | None, typer.Option(help="At most this many documents.",
+                                              show_default=False)]
+ShuffleOpt = Annotated[bool, flag("--shuffle", help="Sample documents with --seed instead of "
+                                  "taking them in order.")]
+BootstrapOpt = Annotated[int, typer.Option(
+    min=0, help="Bootstrap resamples for the 95% intervals (over documents; over 128-token "
+    "chunks of a single --text). 0: none.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstrap, the halves and --shuffle.")]
+TextOpt = Annotated[Path | None, typer.Option(
+    "--text", "-t", help="A UTF-8 text file, scored as one passage (default data/alice.txt "
+    "when no --dataset is given).", show_default=False)]
+
+
+def source_of(*, text, dataset, config, split, column, revision, n_tokens, n_docs, shuffle,
+              seed, prepend_bos, max_tokens):
+    """The command's text options as one `corpus.Source` (checked)."""
+    from blockscope.corpus import Source, check
+    from blockscope.text import DEFAULT_TEXT
+
+    if text is None and dataset is None:
+        text = DEFAULT_TEXT
+    source = Source(text=text, dataset=dataset, config=config, split=split, column=column,
+                    revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
+                    seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
+    check(source)
+    return source
+
+
+@dataclass
+class CorpusRun:
+    """What ablate, prune-heads and head-roles share: the source, the loaded model, its
+    tokens as `corpus.Docs`, and this process's place among torchrun's."""
+
+    source: object  # corpus.Source
+    passage: object | None  # text.Passage of a --text, else None
+    spec: object  # loading.ModelSpec
+    out_dir: Path  # checked writable, not yet created
+    model: object  # TransformerBridge
+    docs: object  # corpus.Docs: this process's documents
+    stride: int | None
+
+    @property
+    def comm(self):
+        return self.docs.comm
+
+    @property
+    def tokens(self):
+        """The passage's token ids (1, pos) (a --text run)."""
+        return self.docs.ids[0]
+
+    @property
+    def name(self) -> str:
+        """The text's file name or the dataset, for titles."""
+        return self.passage.path.name if self.passage is not None else self.source.dataset
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.docs.record["n_tokens"])
+
+    def describe(self) -> str:
+        """`469 tokens + BOS of alice.txt` / `5,000 tokens in 12 documents of wiki.jsonl`."""
+        bos = " + BOS" if self.source.prepend_bos else ""
+        if self.passage is not None:
+            return f"{self.n_tokens:,} tokens{bos} of {self.name}"
+        n = self.docs.record["n_docs"]
+        return (f"{self.n_tokens:,} tokens in {n:,} document{'s' * (n != 1)}"
+                f"{' (BOS before each)' if bos else ''} of {self.name}")
+
+    def meta(self, command: str, **more) -> dict:
+        """The sidecar fields every passage command records, plus `more`."""
+        from blockscope.results import sidecar
+        from blockscope.sweep import default_stride
+
+        n_ctx = self.model.cfg.n_ctx
+        data = ({"text": {"path": str(self.passage.path), "sha256": self.passage.sha256},
+                 "max_tokens": self.source.max_tokens} if self.passage is not None
+                else {"dataset": self.docs.record, "n_docs": self.docs.record["n_docs"]})
+        return sidecar(
+            command=command, model=model_record(self.spec), **data, n_tokens=self.n_tokens,
+            prepend_bos=self.source.prepend_bos, dtype=self.spec.dtype, device=self.spec.device,
+            window={"n_ctx": n_ctx, "stride": self.stride or default_stride(n_ctx)},
+            perplexity="exp(total next-token NLL / total tokens scored), every document "
+            "scored alone", world_size=self.comm.size, **more)
+
+
+def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | None,
+               out_dir: Path, allow_pickle: bool, quiet: bool, check=None,
+               processed: bool = False) -> CorpusRun:
+    """Validate everything cheap first, then join the process group (under torchrun), load
+    the model and read the text or corpus: bad input fails before the model loads."""
+    from blockscope import parallel
+    from blockscope.corpus import Docs, load_docs, passage_docs
+    from blockscope.loading import spec_for
+    from blockscope.results import check_out_dir
+    from blockscope.text import read_passage
+
+    if source.max_tokens is not None and source.max_tokens < 2:
+        raise BlockscopeError(f"--max-tokens must be at least 2 (got {source.max_tokens})")
+    if stride is not None and stride < 1:
+        raise BlockscopeError(f"--stride must be at least 1 (got {stride})")
+
+    def check_all(sizes):
+        if stride is not None and stride > sizes["n_ctx"]:
+            raise BlockscopeError(f"--stride {stride} is longer than the model's context "
+                                  f"({sizes['n_ctx']:,} tokens)")
+        if check is not None:
+            check(sizes)
+
+    passage = read_passage(source.text) if source.text is not None else None
+    spec = spec_for(model, device=parallel.local_device(device), dtype=dtype, processed=processed)
+    out_path = check_out_dir(out_dir)
+    comm = parallel.from_env(spec.device)
+    quiet = quiet or not comm.writes
+    lm = checked_load(spec, allow_pickle, quiet, check_all)
+    if passage is not None:
+        docs = passage_docs(passage, lm.tokenizer, source, comm)
+    else:
+        from blockscope.cli.common import status
+
+        with status(f"reading {source.dataset}", quiet):
+            docs = load_docs(source, lm.tokenizer, comm)
+    assert isinstance(docs, Docs)
+    run = CorpusRun(source, passage, spec, out_path, lm, docs, stride)
+    if quiet:
+        return run
+    n_text = run.n_tokens
+    if passage is not None and source.max_tokens is not None and n_text < source.max_tokens:
+        err.print(f"note: --max-tokens {source.max_tokens:,}, but {passage.path.name} has "
+                  f"{n_text:,} tokens: using all of them", highlight=False, soft_wrap=True)
+    if passage is not None:
+        from blockscope.sweep import model_windows
+
+        n_win = len(model_windows(lm, run.tokens, stride))
+        err.print(f"{run.describe()}, {n_win} window{'s' * (n_win != 1)} of up to "
+                  f"{lm.cfg.n_ctx:,}", highlight=False, soft_wrap=True)
+    else:
+        rec = docs.record
+        skipped = rec["skipped_empty"] + rec["skipped_too_short"]
+        err.print(f"{run.describe()}"
+                  f"{f', {skipped} empty or too short skipped' if skipped else ''}"
+                  f"{', the last one cut to fit --n-tokens' if rec['last_document_cut'] else ''}"
+                  f"{f', across {comm.size} processes' if comm.size > 1 else ''}",
+                  highlight=False, soft_wrap=True)
+    return run

@@ -1,0 +1,105 @@
+"""Runs across processes: which documents this process scores, and how its sums join.
+
+Under `torchrun --nproc-per-node N` (WORLD_SIZE > 1 in the environment) `from_env` joins
+the process group (gloo on CPUs, NCCL on GPUs) and returns a `Comm` for it; otherwise the
+single-process `Comm`, whose collectives return their input. Documents go to ranks in turn
+(document i to rank i mod N), every rank gathers every rank's per-document sums, so all
+ranks compute the same table, and rank 0 alone writes it. This is the data-parallel pattern
+of lm-evaluation-harness under `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A single process: every collective returns its input."""
+
+    rank: int = 0  # this process's rank
+    size: int = 1  # number of processes
+    backend: str | None = None  # "gloo" / "nccl" when distributed
+
+    def gather(self, obj) -> list:
+        """Every process's `obj`, in rank order, on every process."""
+        return [obj]
+
+    def owns(self, i: int) -> bool:
+        """Whether this process scores document i."""
+        return i % self.size == self.rank
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process prints and writes the results (rank 0)."""
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class DistComm(Comm):
+    """One process of a torch.distributed group (objects gathered are pickled: keep
+    tensors on the CPU)."""
+
+    def gather(self, obj) -> list:
+        import torch.distributed as dist
+
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def total(comm: Comm, value):
+    """`value` summed over all processes, in rank order: a number, a tensor or a dict of
+    tensors; a process with nothing to add passes None."""
+    parts = [p for p in comm.gather(value) if p is not None]
+    if not parts:
+        return None
+    if isinstance(parts[0], dict):
+        return {k: sum(p[k] for p in parts) for k in parts[0]}
+    return sum(parts[1:], parts[0])
+
+
+def world_size() -> int:
+    """The number of processes torchrun started (1 without torchrun)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def from_env(device: str) -> Comm:
+    """The process group torchrun describes, joined once; a single-process Comm without it.
+
+    `device` is where this process's model runs: NCCL for CUDA devices, gloo otherwise."""
+    if world_size() == 1:
+        return Comm()
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.startswith("cuda")
+    backend = "nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group(backend=backend)
+    return DistComm(rank=dist.get_rank(), size=dist.get_world_size(), backend=backend)
+
+
+def local_device(device: str) -> str:
+    """Under torchrun, `auto`/`cuda` mean this process's own GPU (cuda:LOCAL_RANK)."""
+    if world_size() == 1 or device not in ("auto", "cuda"):
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu" if device == "auto" else device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def finish() -> None:
+    """Leave the process group, if one was joined."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,160 @@
+"""Corpora on the command line: ablate/prune-heads/resid-norm --dataset, bad input, and
+torchrun with two processes on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from blockscope.cli import app
+
+from .conftest import ALICE, result
+from .test_corpus import paragraphs, write_jsonl
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    p = paragraphs()
+    texts = [x[i:i + 220] for x in p for i in (0, 220) if x[i:i + 220].strip()][:10]
+    return write_jsonl(tmp_path_factory.mktemp("cli-corpus") / "wiki.jsonl", texts + [""])
+
+
+def one_error_line(res) -> str:
+    assert res.exit_code == 1, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def test_ablate_dataset_table_csv_sidecar_png(run, tiny_dir, tmp_path, corpus):
+    res = run("ablate", "--dataset", corpus, "--model", tiny_dir, "--n-tokens", 300,
+              "--bootstrap", 200, "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "[95% CI" in res.stdout and "rank stability: Spearman" in res.stdout
+    csv = result(tmp_path, "ablate-tiny-gpt2-wiki.csv")
+    df = pd.read_csv(csv)
+    assert {"ci_low", "ci_high", "delta_ci_low", "delta_ci_high"} <= set(df.columns)
+    assert (df["ci_low"] <= df["perplexity"]).all() and (df["perplexity"] <= df["ci_high"]).all()
+    assert (df["n_scored"] == 300).all()
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    data = meta["dataset"]
+    assert data["source"] == str(corpus) and data["split"] == "train" and data["fingerprint"]
+    assert data["n_tokens"] == 300 and data["skipped_empty"] == 0  # the budget ran out first
+    assert len(data["tokens_sha256"]) == 64 and meta["world_size"] == 1
+    assert meta["uncertainty"]["unit"] == "document" and meta["uncertainty"]["bootstrap"] == 200
+    assert -1 <= meta["uncertainty"]["rank_stability"] <= 1
+    assert csv.with_suffix(".png").is_file()
+
+
+def test_text_run_says_it_resamples_chunks(run, tiny_dir, tmp_path):
+    res = run("ablate", "--model", tiny_dir, "--max-tokens", 300, "--out-dir", tmp_path,
+              "--bootstrap", 100)
+    assert res.exit_code == 0, res.output
+    meta = json.loads(result(tmp_path, "ablate-tiny-gpt2-alice.json").read_text())
+    assert meta["uncertainty"]["unit"] == "chunk" and "128-token" in meta["uncertainty"]["note"]
+    assert meta["text"]["path"].endswith("alice.txt")
+
+
+def test_prune_heads_and_resid_norm_take_a_dataset(run, tiny_dir, tmp_path, corpus):
+    res = run("prune-heads", "--dataset", corpus, "--model", tiny_dir, "--n-docs", 4,
+              "--step", 6, "--bootstrap", 50, "--no-plot", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    heads = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-wiki.csv"))
+    assert heads["ci_low"].notna().all() and len(heads) == 12
+    curve = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-wiki-curve.csv"))
+    assert curve["delta_ci_high"].notna().all()
+    res = run("resid-norm", "--dataset", corpus, "--model", tiny_dir, "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(result(tmp_path, "resid-norm-tiny-gpt2-wiki.csv"))
+    assert list(df.columns[:7]) == ["after", "layer", "hook", "n_tokens", "median", "p10", "p90"]
+    assert (df["p10"] <= df["median"]).all() and (df["median"] <= df["p90"]).all()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset", "no-such-org/no-such-corpus"], "cannot load it"),
+    (["--dataset", "{corpus}", "--column", "body"], "no column 'body'"),
+    (["--dataset", "{corpus}", "--split", "validation"], "one split, train"),
+    (["--dataset", "{empty}"], "no non-empty documents"),
+    (["--dataset", "{corpus}", "--text", ALICE], "not both"),
+    (["--dataset", "{corpus}", "--max-tokens", 50], "--max-tokens cuts a --text"),
+    (["--n-tokens", 50], "--n-tokens goes with --dataset"),
+    (["--dataset", "{corpus}", "--n-docs", 0], "--n-docs must be at least 1"),
+])
+def test_bad_corpus_input_one_line_nothing_written(run, tiny_dir, tmp_path, corpus, args,
+                                                    message):
+    empty = write_jsonl(tmp_path / "empty.jsonl", ["", " "])
+    args = [str(a).format(corpus=corpus, empty=empty) for a in args]
+    out_dir = tmp_path / "results"
+    line = one_error_line(run("ablate", "--model", tiny_dir, "--out-dir", out_dir, *args))
+    assert message in line
+    assert not out_dir.exists()
+
+
+def torchrun(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+         "-m", "blockscope", *[str(a) for a in args]],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_torchrun_two_processes_equal_one(tiny_dir, tmp_path, corpus):
+    """Documents split across two gloo ranks; rank 0 writes the single-process CSV."""
+    args = ["--dataset", corpus, "--model", tiny_dir, "--n-tokens", 900, "--bootstrap", 200,
+            "--method", "mean", "--no-plot", "-q"]
+    one = CliRunner().invoke(app, ["ablate", *map(str, args), "--out-dir", str(tmp_path / "1")])
+    assert one.exit_code == 0, one.output
+    two = torchrun("ablate", *args, "--out-dir", tmp_path / "2")
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = pd.read_csv(result(tmp_path / "1", "ablate-tiny-gpt2-wiki-mean.csv"))
+    b_csv = result(tmp_path / "2", "ablate-tiny-gpt2-wiki-mean.csv")
+    b = pd.read_csv(b_csv)
+    numeric = a.select_dtypes("number").columns
+    np.testing.assert_allclose(b[numeric], a[numeric], rtol=1e-6)
+    assert json.loads(b_csv.with_suffix(".json").read_text())["world_size"] == 2
+    assert len(list((tmp_path / "2").iterdir())) == 2  # one CSV, one sidecar: rank 0 only
+
+
+def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
+    args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 5, "--step", 4,
+            "--bootstrap", 50, "--no-plot", "-q"]
+    one = CliRunner().invoke(app, ["prune-heads", *map(str, args),
+                                   "--out-dir", str(tmp_path / "1")])
+    assert one.exit_code == 0, one.output
+    two = torchrun("prune-heads", *args, "--out-dir", tmp_path / "2")
+    assert two.returncode == 0, two.stderr[-3000:]
+    for name in ("prune-heads-tiny-gpt2-wiki.csv", "prune-heads-tiny-gpt2-wiki-curve.csv"):
+        a, b = (pd.read_csv(result(tmp_path / d, name)) for d in ("1", "2"))
+        numeric = a.select_dtypes("number").columns
+        np.testing.assert_allclose(b[numeric], a[numeric], rtol=1e-6)
+
+
+def test_a_failing_rank_fails_the_run_and_nothing_is_written(tiny_dir, tmp_path, corpus):
+    """Rank 1 breaks mid-sweep (a sitecustomize that only rank 1 runs): exit non-zero."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import blockscope.plan as plan\n"
+        "    def broken(*a, **k):\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    plan._score = broken\n")
+    res = torchrun("ablate", "--dataset", corpus, "--model", tiny_dir, "--n-tokens", 300,
+                   "--out-dir", tmp_path / "out", env={
+                       "PYTHONPATH": os.pathsep.join(filter(None, [
+                           str(inject), os.environ.get("PYTHONPATH")]))})
+    assert res.returncode != 0
+    assert "injected failure on rank 1" in res.stderr
+    assert not (tmp_path / "out").exists()
