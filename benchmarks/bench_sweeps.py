@@ -152,6 +152,9 @@ def main() -> None:
     parser.add_argument("--interleaved-only", action="store_true",
                         help="only time naive and engine sweeps alternately (allocator tuned): "
                         "the ratio least exposed to the machine's drift")
+    parser.add_argument("--commands-only", choices=["ablate", "prune-heads"], action="append",
+                        help="only time these whole commands (naive and cached alternating, "
+                        "net of loading); repeat for both")
     parser.add_argument("--child", choices=["blocks", "heads"], help=argparse.SUPPRESS)
     parser.add_argument("--child-command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -256,6 +259,8 @@ def run(args, model_dir: str, arch: str) -> None:
 
     if args.interleaved_only:
         return interleaved(model, ids, args.repeat)
+    if args.commands_only:
+        return time_commands(model_dir, args, args.commands_only)
 
     def forward():
         with torch.inference_mode():
@@ -313,10 +318,16 @@ def run(args, model_dir: str, arch: str) -> None:
               f"{kind} sweep: {isolated_rss(kind, model_dir, args.tokens):.2f} GB", flush=True)
     if args.skip_commands:
         return
+    time_commands(model_dir, args, ["ablate", "prune-heads"])
+
+
+def time_commands(model_dir: str, args, commands: list[str]) -> None:
+    """Each whole command in fresh processes, naive and cached alternating, net of loading."""
     with tempfile.TemporaryDirectory() as out:
-        for kind, command in (("blocks", ["ablate"]), ("heads", ["prune-heads"])):
-            med, runs = command_times(model_dir, args.tokens, command, args.repeat, out)
-            print(f"blockscope {command[0]}, whole command net of loading: naive "
+        for command in commands:
+            kind = "blocks" if command == "ablate" else "heads"
+            med, runs = command_times(model_dir, args.tokens, [command], args.repeat, out)
+            print(f"blockscope {command}, whole command net of loading: naive "
                   f"{med['naive']:.1f} s {[round(t, 1) for t in runs['naive']]}, cached "
                   f"{med['cached']:.1f} s {[round(t, 1) for t in runs['cached']]}: "
                   f"{verdict(med['naive'] / med['cached'], TARGETS[kind])}", flush=True)

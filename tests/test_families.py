@@ -237,3 +237,22 @@ def test_params_files_every_parameter_of_every_family():
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
         assert df.loc["total", "parameters"] == sum(p.numel() for p in model.parameters())
+
+
+def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
+    """The head-mask gradient replayed plainly (families with a plain replay) equals the
+    hooked bridge's, NLL and importance, at a mask with removed heads; elsewhere it runs
+    through the bridge, and nothing falls back."""
+    from blockscope import plan
+    from blockscope.heads import gradient_pass
+
+    family, model, _, ids = fam
+    keep = torch.ones(model.cfg.n_layers, model.cfg.n_heads)
+    keep[1, :2] = 0
+    prepared = plan.prepare(model, ids, engine_name="cached", heads=True)
+    fast = gradient_pass(model, ids, keep=keep, prepared=prepared)
+    slow = gradient_pass(model, ids, keep=keep)
+    assert fast[2].how["replay"] == ("plain" if family in PLAIN else "bridge"), fast[2].how
+    assert "fallback" not in fast[2].how and slow[2].how["replay"] == "bridge"
+    assert torch.allclose(fast[0], slow[0], rtol=REL, atol=REL * float(slow[0].max()))
+    assert fast[2].sums == pytest.approx(slow[2].sums, rel=REL)

@@ -55,3 +55,24 @@ def test_picture_changes_with_the_data(tiny):
 
     assert render(df) == render(df)  # deterministic
     assert (png_pixels(render(df)) != png_pixels(render(changed))).any()
+
+
+def test_ablation_plot_draws_the_paired_intervals(tiny):
+    """Error bars from 1 + delta_ci / baseline around each bar's top; none without them."""
+    from matplotlib.container import ErrorbarContainer
+
+    from blockscope.stats import Bootstrap
+
+    ids = tokenize(tiny.tokenizer, ALICE.read_text(), prepend_bos=True, max_tokens=300)
+    df = block_ablation(tiny, ids, ci=Bootstrap(200))
+    fig = ablation_plot(df, "t")
+    bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 1
+    segments = bars[0].lines[2][0].get_segments()  # one vertical segment per block
+    base = df.loc[0, "perplexity"]
+    for seg, row in zip(segments, df.iloc[1:].itertuples(), strict=True):
+        (_, lo), (_, hi) = seg
+        assert lo == pytest.approx(1 + row.delta_ci_low / base)
+        assert hi == pytest.approx(1 + row.delta_ci_high / base)
+    no_ci = ablation_plot(block_ablation(tiny, ids), "t")
+    assert not [c for c in no_ci.axes[0].containers if isinstance(c, ErrorbarContainer)]

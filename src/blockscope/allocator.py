@@ -22,3 +22,22 @@ def tune_allocator() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def release() -> bool:
+    """Hand freed heap pages back to the system (glibc's malloc_trim). With the allocator
+    tuned, freed memory is kept for reuse; between documents of different lengths the
+    differently sized blocks fragment the heap and RSS would creep up with the corpus, so
+    a corpus sweep releases it after each document (one page-fault round per document,
+    not per variant). Returns False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -94,23 +96,56 @@ def head_importance(
     scored; over documents (`corpus.Docs`, every process), every window of every document.
     normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
     """
+    importance, normalised, _ = gradient_pass(model, tokens, stride=stride, keep=keep)
+    return importance, normalised
+
+
+def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
+                  prepared: plan.Prepared | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, plan.Scores]:
+    """`head_importance`, and the NLL of the same forward passes as `plan.Scores` (one
+    column: the model with heads scaled by `keep`, the hooked forward the gradient needs).
+
+    Given the cached clean passes of the one document (`prepared`), the forward and backward
+    run as the plain replay (fused attention) with the mask applied to each head's z, once
+    `selfcheck.gradient_replay` has held that to the hooked model on each window; otherwise,
+    and on any mismatch (said in `how["fallback"]`), through the hooked bridge."""
+    from blockscope import arch, replay, selfcheck
+    from blockscope.engine import fused_gelu
+
     docs = as_docs(tokens)
     cfg = model.cfg
     keep = torch.ones(cfg.n_layers, cfg.n_heads) if keep is None else keep
     mask = keep.detach().clone().float().to(cfg.device).requires_grad_(True)
+    cleans = prepared.cleans if prepared is not None and len(docs.ids) == 1 else None
+    lay = arch.layout(model)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)  # frozen weights: only the mask gets a gradient
-    summed, n_scored = torch.zeros_like(mask), 0
+    summed, n_scored, units = torch.zeros_like(mask), 0, []
+    how = {"replay": set(), "batch_size": 1}
     try:
         with torch.enable_grad():
-            for ids in docs.ids:
-                for w in model_windows(model, ids, stride):
-                    with applied(model, mask_heads(mask)):
-                        nll = window_nll(model, ids, w)  # (n_scored,)
+            for index, ids in zip(docs.index, docs.ids, strict=True):
+                nlls = []
+                for wi, w in enumerate(model_windows(model, ids, stride)):
+                    plain = None
+                    if cleans is not None:
+                        plain, why = selfcheck.gradient_replay(model, lay, cleans[wi], mask)
+                        if why:
+                            how["fallback"] = why
+                    if plain is not None:
+                        with fused_gelu(model):
+                            nll = replay.masked_nll(model, plain, cleans[wi], mask, lay.softcap)
+                    else:
+                        with applied(model, mask_heads(mask)):
+                            nll = window_nll(model, ids, w)  # (n_scored,)
+                    how["replay"].add("plain" if plain is not None else "bridge")
                     (grad,) = torch.autograd.grad(nll.sum(), mask)
                     summed += grad.abs()
                     n_scored += nll.numel()
+                    nlls.append(nll.detach().double().cpu())
+                units += plan.doc_units(index, torch.cat(nlls)[None], docs.unit)
     finally:
         for p in params:
             p.requires_grad_(True)
@@ -118,7 +153,9 @@ def head_importance(
                                "n": torch.tensor(float(n_scored), dtype=torch.float64)})
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
-    return importance, normalised
+    how["replay"] = "+".join(sorted(how["replay"], reverse=True))
+    scored = plan.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
+    return importance, normalised, scored
 
 
 def check_pruning(order: str, step: float) -> None:
@@ -132,7 +169,7 @@ def pruning_curve(
     model, tokens, *, order: str = "gradient", step: float = 0.1,
     method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
     seed: int = 0, engine: str = "cached", progress: Progress | None = None,
-    ci: Bootstrap | None = None,
+    ci: Bootstrap | None = None, importance: torch.Tensor | None = None,
 ) -> pd.DataFrame:
     """Remove heads cumulatively, least important first, until none is left.
 
@@ -140,13 +177,19 @@ def pruning_curve(
     every step (as Michel et al. do); "ablation" uses the single-head ablation ranking
     (`ablation`, from `single_head_ablation`), computed once; "random" a seeded permutation.
     step: below 1, that fraction of the remaining heads per step (at least one); else a count.
+    importance: the normalised importance of the whole model (`head_importance`), if at hand.
+
+    With the gradient order, zero ablation and the cached engine, a step's perplexity is
+    read off the forward pass of the next step's gradient (the hooked model with the step's
+    mask: the naive loop's own computation), not from a second forward: one pass per step.
     """
     cfg = model.cfg
     check_pruning(order, step)
     docs = as_docs(tokens)
     prepared, fill = _prepare(model, docs, stride, method, engine)
     run = functools.partial(plan.run, model, docs, prepared=prepared, stride=stride, ci=ci)
-    base = run([])  # checked, or naive
+    base = plan.scores(model, docs, [], prepared=prepared, stride=stride)  # checked, or naive
+    fused = order == "gradient" and engine == "cached" and fill is None
     n_total = cfg.n_layers * cfg.n_heads
     keep = torch.ones(cfg.n_layers, cfg.n_heads)
     static = None
@@ -160,7 +203,8 @@ def pruning_curve(
         g = torch.Generator().manual_seed(seed)
         perm = torch.randperm(n_total, generator=g).tolist()
         static = [divmod(i, cfg.n_heads) for i in perm]
-    records = [{"step": 0, "heads_removed": 0, **base.iloc[0][ROW].to_dict()}]
+    records = [{"step": 0, "heads_removed": 0, **base.frame(ci).iloc[0][ROW].to_dict()}]
+    score = importance
     if progress:
         progress(total=n_total + 1)  # at most one step per head
         progress()
@@ -171,14 +215,26 @@ def pruning_curve(
         if static is not None:
             chosen = [lh for lh in static if keep[lh] == 1][:n]
         else:
-            _, score = head_importance(model, docs, stride=stride, keep=keep)
-            score = score.masked_fill(keep == 0, float("inf")).flatten()
-            chosen = [divmod(int(i), cfg.n_heads) for i in score.argsort(stable=True)[:n]]
+            if score is None:
+                _, score, _ = gradient_pass(model, docs, stride=stride, keep=keep,
+                                            prepared=prepared if fused else None)
+            ranked = score.masked_fill(keep == 0, float("inf")).flatten()
+            chosen = [divmod(int(i), cfg.n_heads) for i in ranked.argsort(stable=True)[:n]]
+            score = None
         for lh in chosen:
             keep[lh] = 0
         removed += len(chosen)
-        df = run([Variant({}, tuple(head_edits(keep.clone(), fill)))])
-        row, ran = df.iloc[1][ROW].to_dict(), df.attrs["engine"]
+        if fused and removed < n_total:  # this step's NLL and the next step's gradient
+            _, score, scored = gradient_pass(model, docs, stride=stride, keep=keep,
+                                             prepared=prepared)
+            df = dataclasses.replace(
+                base, labels=base.labels + scored.labels,
+                sums=np.concatenate([base.sums, scored.sums], axis=1)).frame(ci)
+            ran = scored.how
+        else:
+            df = run([Variant({}, tuple(head_edits(keep.clone(), fill)))])
+            ran = df.attrs["engine"]
+        row = df.iloc[1][ROW].to_dict()
         how = ran if "fallback" in ran or not how else how
         records.append({"step": len(records), "heads_removed": removed, **row})
         if progress:

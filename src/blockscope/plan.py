@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from blockscope import arch, clean, engine, replay, stats
+from blockscope.allocator import release
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import hooks
@@ -138,18 +139,57 @@ def _heads_delta(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | Non
     return delta
 
 
-def run(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
-        stride: int | None = None, batch_size: int | None = None,
-        progress: Progress | None = None, ci: stats.Bootstrap | None = None,
-        on_clean: Callable[[clean.Clean], None] | None = None) -> pd.DataFrame:
-    """Baseline row, then one row per variant, over every document of every process.
+@dataclass
+class Scores:
+    """Per-unit NLL sums of a sweep, gathered from every process, in corpus order."""
+
+    labels: list[dict]  # one per column: the baseline's, then each variant's
+    sums: np.ndarray  # (U, V) summed NLL per unit (a document, or a passage's chunk)
+    counts: np.ndarray  # (U,) tokens scored per unit
+    unit: str  # "document" or "chunk"
+    how: dict  # how the engine ran (replay, batch size, any fallback)
+
+    def frame(self, ci: stats.Bootstrap | None = None) -> pd.DataFrame:
+        """Baseline row, then one row per variant (`stats.frame`); attrs["engine"] = how."""
+        df = stats.frame(self.labels, self.sums, self.counts, ci, self.unit)
+        df.attrs["engine"] = self.how
+        return df
+
+
+def gather_units(docs, units: list, hows: list[dict], labels: list[dict]) -> Scores:
+    """`units` = [(doc index, chunk, sums (V,), count)] of this process, and how each
+    document ran, joined with every other process's, in corpus order."""
+    gathered = docs.comm.gather((units, hows))
+    units = sorted((u for part, _ in gathered for u in part), key=lambda u: u[:2])
+    return Scores(labels, np.stack([u[2] for u in units]), np.array([u[3] for u in units]),
+                  docs.unit, _how([h for _, part in gathered for h in part]))
+
+
+def doc_units(index: int, nll: torch.Tensor, unit: str) -> list:
+    """One document's per-token NLL (V, n) as units [(index, chunk, sums (V,), count)]."""
+    sums, counts = stats.unit_sums(nll, unit)  # (u, V), (u,)
+    return [(index, j, s, c) for j, (s, c) in enumerate(zip(sums, counts, strict=True))]
+
+
+def run(model, tokens, variants: Sequence[Variant], *, ci: stats.Bootstrap | None = None,
+        **kw) -> pd.DataFrame:
+    """Baseline row, then one row per variant, over every document of every process: the
+    `scores` as a table, with bootstrap intervals when `ci` is given."""
+    return scores(model, tokens, variants, **kw).frame(ci)
+
+
+def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
+           stride: int | None = None, batch_size: int | None = None,
+           progress: Progress | None = None,
+           on_clean: Callable[[clean.Clean], None] | None = None) -> Scores:
+    """The baseline's and each variant's NLL sums per unit, over every document of every
+    process.
 
     Each document is scored alone (its own windows) by the engine `prepared` was made for;
     per unit (a document, or a 128-token chunk of one passage) only the NLL sums and token
-    counts are kept, gathered across processes, and turned into corpus perplexity (and,
-    with `ci`, bootstrap intervals: `stats.frame`). If the engine's self-check fails on a
-    document, that document is scored by the naive loop and `attrs["engine"]["fallback"]`
-    says why; the numbers are then the reference's. `on_clean` sees every clean pass."""
+    counts are kept, gathered across processes. If the engine's self-check fails on a
+    document, that document is scored by the naive loop and `how["fallback"]` says why; the
+    numbers are then the reference's. `on_clean` sees every clean pass."""
     docs = as_docs(tokens)
     labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
     starts = None
@@ -164,18 +204,14 @@ def run(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
         wins = model_windows(model, ids, stride)
         nlls, how = _score(model, ids, wins, variants, starts, prepared, one, batch_size,
                            progress if one else None, on_clean)
-        sums, counts = stats.unit_sums(torch.stack(nlls), docs.unit)  # (u, V), (u,)
-        units += [(docs.index[k], j, s, c)
-                  for j, (s, c) in enumerate(zip(sums, counts, strict=True))]
+        units += doc_units(docs.index[k], torch.stack(nlls), docs.unit)
         hows.append(how)
+        if not one:
+            del nlls
+            release()  # documents differ in length: keep the heap from fragmenting
         if progress and not one:
             progress()
-    gathered = docs.comm.gather((units, hows))
-    units = sorted((u for part, _ in gathered for u in part), key=lambda u: u[:2])
-    df = stats.frame(labels, np.stack([u[2] for u in units]), np.array([u[3] for u in units]),
-                     ci, docs.unit)
-    df.attrs["engine"] = _how([h for _, part in gathered for h in part])
-    return df
+    return gather_units(docs, units, hows, labels)
 
 
 def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool, batch_size,

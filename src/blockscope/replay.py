@@ -39,8 +39,9 @@ class Parts:
     c_proj: torch.nn.Module  # HF Conv1D (d_mlp -> d_model)
     parallel = False  # attention then MLP
 
-    def attn_write(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
-        """attention(ln_1(x)) for x (B, T, d_model), causal."""
+    def attn_write(self, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
+        """attention(ln_1(x)) for x (B, T, d_model), causal; each head's z scaled by
+        `keep` (n_heads,) if given."""
         B, T, _ = x.shape
         h = _layer_norm(self.ln_1, x)  # (B, T, d_model)
 
@@ -49,7 +50,7 @@ class Parts:
 
         z = F.scaled_dot_product_attention(heads(self.q), heads(self.k), heads(self.v),
                                            is_causal=True, scale=self.scale)  # (B, H, T, d_head)
-        return self.o(z.transpose(1, 2).reshape(B, T, -1))
+        return self.o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """mlp(ln_2(x)), with the MLP's activation as it is at the call: inside the
@@ -57,6 +58,12 @@ class Parts:
         function)."""
         hidden = self.c_fc(_layer_norm(self.ln_2, x))  # (B, T, d_mlp)
         return self.c_proj(self.mlp.act(hidden))
+
+
+def scaled(z: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """z (B, n_heads, T, d_head) with each head scaled by `keep` (n_heads,): what the heads
+    Edit's hook does at `attn.hook_z` without a fill (selfcheck holds the two together)."""
+    return z if keep is None else z * keep.to(z.dtype)[None, :, None, None]
 
 
 def _inner(bridge):
@@ -114,9 +121,9 @@ def _layer_norm(ln: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
-def attn_half(p, x: torch.Tensor, ctx=None) -> torch.Tensor:
+def attn_half(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
     """x + attention(norm(x)) for x (B, T, d_model); `ctx` the block's recorded call."""
-    return x + p.attn_write(x, ctx)
+    return x + p.attn_write(x, ctx, keep)
 
 
 def mlp_half(p, x: torch.Tensor) -> torch.Tensor:
@@ -124,11 +131,27 @@ def mlp_half(p, x: torch.Tensor) -> torch.Tensor:
     return x + p.mlp_write(x)
 
 
-def block_forward(p, x: torch.Tensor, ctx=None) -> torch.Tensor:
-    """One whole block: (B, T, d_model) -> (B, T, d_model), parallel or in sequence."""
+def block_forward(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
+    """One whole block: (B, T, d_model) -> (B, T, d_model), parallel or in sequence; heads
+    scaled by `keep` (n_heads,) if given."""
     if p.parallel:
-        return x + p.attn_write(x, ctx) + p.mlp_write(x)
-    return mlp_half(p, attn_half(p, x, ctx))
+        return x + p.attn_write(x, ctx, keep) + p.mlp_write(x)
+    return mlp_half(p, attn_half(p, x, ctx, keep))
+
+
+def masked_nll(model, plain: list, clean, mask: torch.Tensor,
+               softcap: float | None = None) -> torch.Tensor:
+    """NLL (n_scored,) of `clean`'s window with each layer's heads scaled by `mask`
+    (n_layers, n_heads), replayed plainly from the embeddings and differentiable (for the
+    gradient of the head mask): the full logits of the scored rows, log-softmaxed."""
+    x = _trackable(clean.pre[0])  # (1, T, d_model) what block 0 received
+    for j, p in enumerate(plain):
+        x = block_forward(p, x, _trackable(clean.replay[j]), mask[j])
+    w = clean.window
+    lo = w.first_target - w.begin
+    normed = model.ln_final(x)[0, lo - 1 : -1]  # (n_scored, d_model): the predicting rows
+    logits = softcapped(model.unembed.original_component(normed), softcap)
+    return -logits.float().log_softmax(-1).gather(-1, clean.chunk[0, lo:, None])[:, 0]
 
 
 VOCAB_CHUNK = 4096  # unembedding rows per matmul: the logits chunk stays in cache
@@ -164,6 +187,18 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
         target = target + bias[targets]
     target = softcapped(target, softcap)
     return (lse - target.float()).view(B, n)
+
+
+def _trackable(value):
+    """`value` (a tensor, or tuples, lists and dicts of them) with every tensor made in
+    inference mode (the clean pass's) cloned into one autograd may save for backward."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.is_inference() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_trackable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _trackable(v) for k, v in value.items()}
+    return value
 
 
 ROW_BLOCK = 512  # rows per unembedding pass: a (ROW_BLOCK, VOCAB_CHUNK) logits block stays

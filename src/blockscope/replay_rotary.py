@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from blockscope.replay import scaled
+
 
 def _inner(module):
     return getattr(module, "original_component", None)
@@ -70,7 +72,7 @@ class LlamaParts:
         self.act = mlp.act_fn
         self.d_head, self.scale, self.rotary = attn.head_dim, attn.scaling, rotary
 
-    def attn_write(self, x: torch.Tensor, ctx) -> torch.Tensor:
+    def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
         B, T, _ = x.shape
         (cos, sin), mask_args = _rope_and_mask(ctx, T)
         h = self.ln1(x)  # (B, T, d_model)
@@ -78,7 +80,7 @@ class LlamaParts:
                    for m in (self.q, self.k, self.v))
         q, k = self.rotary(q, k, cos, sin)
         z = _attend(q, k, v, self.scale, mask_args)  # (B, n_heads, T, d_head)
-        return self.o(z.transpose(1, 2).reshape(B, T, -1))
+        return self.o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln2(x)
@@ -97,14 +99,14 @@ class NeoXParts:
         self.act = mlp.act
         self.d_head, self.scale, self.rotary = attn.head_size, attn.scaling, rotary
 
-    def attn_write(self, x: torch.Tensor, ctx) -> torch.Tensor:
+    def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
         B, T, _ = x.shape
         (cos, sin), mask_args = _rope_and_mask(ctx, T)
         qkv = self.qkv(self.ln1(x)).view(B, T, -1, 3 * self.d_head).transpose(1, 2)
         q, k, v = qkv.chunk(3, dim=-1)  # each (B, n_heads, T, d_head)
         q, k = self.rotary(q, k, cos, sin)  # rotates the first cos.shape[-1] dims only
         z = _attend(q, k, v, self.scale, mask_args)
-        return self.o(z.transpose(1, 2).reshape(B, T, -1))
+        return self.o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(self.act(self.fc_in(self.ln2(x))))

@@ -145,3 +145,42 @@ def _check_heads(model, lay, clean: Clean, j: int, tol: float) -> None:
     if err > tol:
         raise ReplayMismatch(f"block {j}'s attention write is not the sum of its heads' "
                              f"z @ W_O ({err:.1e} relative)")
+
+
+def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
+    """(plain parts, None) when the plain replay of `clean`'s window with heads scaled by
+    `mask` (n_layers, n_heads) reproduces the hooked model (the heads Edit's own hooks at
+    every layer) to `REL` in both the NLL and its gradient with respect to the mask;
+    (None, reason) when it does not; (None, None) where no plain replay applies (a hook in
+    a block or on the unembedding, or a family without one). Checked once per clean pass
+    and set of hooks; the weights must be frozen by the caller."""
+    from blockscope.interventions import applied, mask_heads
+    from blockscope.sweep import nll_from_logits
+
+    hooked = tuple(name for name, point in model.hook_dict.items() if point.has_hooks())
+    key = ("gradient", hooked)
+    if key in clean.checked:
+        return clean.checked[key]
+    plain = engine.plain_parts(model)
+    if plain is None or hooked:
+        clean.checked[key] = (None, None)
+        return clean.checked[key]
+    tol = tolerance(clean.pre[0].dtype)
+    got, want = [], []
+    with torch.enable_grad(), engine.fused_gelu(model):
+        m = mask.detach().clone().requires_grad_(True)
+        nll = replay.masked_nll(model, plain, clean, m, lay.softcap)
+        grad = (torch.autograd.grad(nll.sum(), m, allow_unused=True)[0]
+                if nll.requires_grad else None)  # None: the mask had no effect at all
+        got = [nll.detach(), torch.zeros_like(m) if grad is None else grad]
+    with torch.enable_grad():
+        m = mask.detach().clone().requires_grad_(True)
+        with applied(model, mask_heads(m)):
+            logits = model(clean.chunk, return_type="logits")[0]  # (T, d_vocab)
+        nll = nll_from_logits(logits, clean.chunk, clean.window)
+        want = [nll.detach(), torch.autograd.grad(nll.sum(), m)[0]]
+    worst = max(_rel(g, w) for g, w in zip(got, want, strict=True))
+    clean.checked[key] = (plain, None) if worst <= tol else (None, (
+        f"the plain replay of the head-mask gradient differs from the hooked model by "
+        f"{worst:.1e} relative (allowed {tol:.0e}); the gradients ran through the bridge"))
+    return clean.checked[key]

@@ -136,12 +136,14 @@ def ablate(
                      out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet)
     spec, lm = run.spec, run.model
     show = not quiet and run.comm.writes
+    sweep_started = time.perf_counter()
     with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", show) as step:
         df = experiment.block_ablation(
             lm, run.docs, part=part.value, method=method.value, stride=stride,
             engine=engine.value, batch_size=batch_size, progress=step,
             ci=Bootstrap(bootstrap, seed),
         )
+    sweep_s = time.perf_counter() - sweep_started
     if not run.comm.writes:
         return
     correlations = experiment.metric_correlations(df)
@@ -166,6 +168,7 @@ def ablate(
         "angular_distance = mean arccos(cos)/pi (Gromov et al.)",
         spearman_with_delta=correlations,
         uncertainty=uncertainty,
+        sweep_s=round(sweep_s, 3),
         wall_time_s=round(time.perf_counter() - started, 3),
     )
     stem = f"ablate-{spec.slug}-{source.stem}{suffix}"

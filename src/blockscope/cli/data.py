@@ -173,6 +173,7 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
         err.print(f"{run.describe()}"
                   f"{f', {skipped} empty or too short skipped' if skipped else ''}"
                   f"{', the last one cut to fit --n-tokens' if rec['last_document_cut'] else ''}"
+                  f"{'' if source.n_tokens or source.n_docs else ', the whole split'}"
                   f"{f', across {comm.size} processes' if comm.size > 1 else ''}",
                   highlight=False, soft_wrap=True)
     return run

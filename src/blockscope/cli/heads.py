@@ -155,7 +155,8 @@ def prune_heads(
         with progress_bar(err, cfg.n_layers * cfg.n_heads + 1, f"pruning ({o} order)",
                           not quiet) as tick:
             curves.append(experiment.pruning_curve(lm, tokens, order=o, step=step, seed=seed,
-                                                   ablation=ablation, progress=tick, **kw))
+                                                   ablation=ablation, progress=tick,
+                                                   importance=normalised, **kw))
     with progress_bar(err, cfg.n_layers + 1, "one head per layer", not quiet) as tick:
         one = experiment.one_head_per_layer(lm, tokens, importance, batch_size=batch_size,
                                             progress=tick, **kw)
@@ -185,7 +186,9 @@ def prune_heads(
         orders=orders, step=step, tolerance=tolerance, seed=seed,
         layers=layer_ids, heads=head_ids,
         importance="|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
-        gradient_order="normalised importance re-computed after every step",
+        gradient_order="normalised importance re-computed after every step; with the cached "
+        "engine and --method zero each step's perplexity is read off that same forward pass "
+        "(the hooked model with the step's mask), not from a second one",
         one_head_per_layer="kept head = the layer's highest gradient importance",
         headline={o: {"heads_removed": int(r.heads_removed), "share": float(r.share_removed),
                       "perplexity": float(r.perplexity)} for o, r in headline.items()},
