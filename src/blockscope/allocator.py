@@ -24,6 +24,24 @@ def tune_allocator() -> bool:
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
+def untune() -> bool:
+    """glibc's defaults again (large blocks mmapped, and unmapped when freed): for a corpus,
+    whose documents of many lengths would otherwise fragment a heap that keeps everything,
+    so that peak memory does not creep up with the number of documents."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
+    return bool(mallopt(m_mmap_max, 65536)) and bool(mallopt(m_trim_threshold, 128 * 1024))
+
+
 def release() -> bool:
     """Hand freed heap pages back to the system (glibc's malloc_trim). With the allocator
     tuned, freed memory is kept for reuse; between documents of different lengths the

@@ -208,6 +208,7 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
         hows.append(how)
         if not one:
             del nlls
+            clean.drop_patterns(model)  # a naive forward's, sized by this document
             release()  # documents differ in length: keep the heap from fragmenting
         if progress and not one:
             progress()

@@ -63,6 +63,7 @@ def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFra
     token once, with the context those windows give it."""
     import numpy as np
 
+    from blockscope.clean import drop_patterns
     from blockscope.corpus import as_docs
     from blockscope.sweep import model_windows
 
@@ -79,6 +80,7 @@ def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFra
                 norms.append(torch.stack([cache[name][0, lo:].float().norm(dim=-1)
                                           for name, _, _ in points]).cpu())
                 del cache
+                drop_patterns(model)
     mine = torch.cat(norms, dim=1).numpy() if norms else None
     parts = [p for p in docs.comm.gather(mine) if p is not None]
     if not parts or sum(p.shape[1] for p in parts) == 0:

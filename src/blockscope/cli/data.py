@@ -149,6 +149,9 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
     if passage is not None:
         docs = passage_docs(passage, lm.tokenizer, source, comm)
     else:
+        from blockscope.allocator import untune
+
+        untune()  # documents of many lengths: keep peak memory flat in corpus size
         from blockscope.cli.common import status
 
         with status(f"reading {source.dataset}", quiet):
