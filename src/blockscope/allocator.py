@@ -1,5 +1,23 @@
 """Allocator tuning for sweeps; imports nothing heavy, so the CLI can call it first."""
 
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters, from glibc's malloc.h
+
+
+def _libc():
+    """glibc, or None where there is none (macOS, Windows, musl)."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc has both)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
 
 def tune_allocator() -> bool:
     """Tell glibc's malloc to keep freed memory instead of returning it to the system.
@@ -7,39 +25,20 @@ def tune_allocator() -> bool:
     A sweep allocates and frees the same large activations hundreds of times; by default
     glibc serves them with mmap and unmaps them on free, so every variant pays page faults
     for fresh zeroed pages. Equivalent to MALLOC_MMAP_MAX_=0 and a huge
-    MALLOC_TRIM_THRESHOLD_. Returns False where there is no glibc (macOS, Windows, musl).
+    MALLOC_TRIM_THRESHOLD_. Returns False where there is no glibc.
     """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def untune() -> bool:
     """glibc's defaults again (large blocks mmapped, and unmapped when freed): for a corpus,
     whose documents of many lengths would otherwise fragment a heap that keeps everything,
     so that peak memory does not creep up with the number of documents."""
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-    return bool(mallopt(m_mmap_max, 65536)) and bool(mallopt(m_trim_threshold, 128 * 1024))
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_MAX, 65536)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024))
 
 
 def release() -> bool:
@@ -48,14 +47,5 @@ def release() -> bool:
     differently sized blocks fragment the heap and RSS would creep up with the corpus, so
     a corpus sweep releases it after each document (one page-fault round per document,
     not per variant). Returns False where there is no glibc."""
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    libc = _libc()
+    return libc is not None and bool(libc.malloc_trim(0))

@@ -106,6 +106,7 @@ def _local_kind(path: Path) -> str:
 def _open(source: Source):
     """The split as a `datasets` Dataset or IterableDataset, and what to record of it."""
     import datasets
+    import pyarrow
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
@@ -136,6 +137,9 @@ def _open(source: Source):
             else:
                 split = source.split or "train"
         else:
+            if source.split not in (None, "train"):
+                raise BlockscopeError(f"--split {source.split}: a local file has one split, "
+                                      "train")
             files = sorted(str(p) for p in path.glob("*.txt")) if kind == "text directory" \
                 else str(path)
             builder = "text" if kind == "text directory" else FILE_BUILDERS[path.suffix.lower()]
@@ -145,9 +149,6 @@ def _open(source: Source):
                 record["sample_by"] = extra["sample_by"]
             ds = datasets.load_dataset(builder, data_files=files, split="train", **extra)
             split = "train"
-            if source.split not in (None, "train"):
-                raise BlockscopeError(f"--split {source.split}: a local file has one split, "
-                                      "train")
         record.update(kind=f"local {kind}", split=split,
                       fingerprint=getattr(ds, "_fingerprint", None))
         return ds, record
@@ -158,11 +159,10 @@ def _open(source: Source):
                               f"({_first_line(exc)})")
     except ValueError as exc:  # an unknown split or config, or an unreadable file
         raise BlockscopeError(f"--dataset {source.dataset}: {_first_line(exc)}")
-    except Exception as exc:  # datasets' own errors (DatasetGenerationError, ...)
-        if type(exc).__module__.startswith(("datasets", "pyarrow", "huggingface_hub")):
-            raise BlockscopeError(f"--dataset {source.dataset}: cannot read it "
-                                  f"({type(exc).__name__}: {_first_line(exc)})")
-        raise
+    except (datasets.exceptions.DatasetsError, pyarrow.ArrowException, OSError) as exc:
+        # datasets' own (DatasetGenerationError, ...), Arrow's, and the hub's HTTP errors
+        raise BlockscopeError(f"--dataset {source.dataset}: cannot read it "
+                              f"({type(exc).__name__}: {_first_line(exc)})")
 
 
 def passage_docs(passage, tokenizer, source: Source, comm: Comm | None = None) -> Docs:

@@ -35,7 +35,6 @@ import torch
 from blockscope import replay
 from blockscope.clean import Clean, clean_pass, kept_names
 from blockscope.interventions import Hook, applied
-from blockscope.sweep import perplexity_row, with_change
 from blockscope.text import Window
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
@@ -174,11 +173,12 @@ def engine_sweep(model, tokens: torch.Tensor, variants: Sequence[Start], *,
                  wins: Sequence[Window], **kw) -> pd.DataFrame:
     """Baseline row, then one row per variant (`engine_nlls` as a table); `attrs["engine"]`
     says how it ran."""
+    from blockscope import stats
+
     nlls, how = engine_nlls(model, tokens, variants, wins=wins, **kw)
-    records = [{"variant": "baseline", **perplexity_row(nlls[0])}]
-    records += [{"variant": "ablated", **v.label, **perplexity_row(n)}
-                for v, n in zip(variants, nlls[1:], strict=True)]
-    df = with_change(records)
+    labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
+    sums, counts = stats.unit_sums(torch.stack(nlls), "document")  # the passage, one unit
+    df = stats.frame(labels, sums, counts, None, "document")
     df.attrs["engine"] = how
     return df
 

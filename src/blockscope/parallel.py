@@ -68,6 +68,14 @@ def world_size() -> int:
         return 1
 
 
+def env_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def from_env(device: str) -> Comm:
     """The process group torchrun describes, joined once; a single-process Comm without it.
 

@@ -12,7 +12,7 @@ max abs value), from every entry kind the sweep uses:
 - the final norm and unembedding (softcapping included) from the last residual: the NLL,
   against the model's own logits for the window's last scored positions.
 
-A failure raises `ReplayMismatch`, and `engine.run` scores the whole sweep with the naive
+A failure raises `ReplayMismatch`, and `plan.scores` scores that document with the naive
 loop instead, saying so. Never a silent wrong number.
 """
 

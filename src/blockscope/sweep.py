@@ -1,9 +1,9 @@
 """Score a passage under interventions: windows, NLL, and the naive reference sweep.
 
-`sweep(model, tokens, variants)` scores the clean model and each variant (a label plus its
-`interventions.Edit`s, run as their hooks) with one hooked forward per variant over the same
-sliding windows, and returns one DataFrame row per variant. The cached engine (engine.py)
-must give the same table.
+`naive_nlls(model, tokens, variants)` scores the clean model and each variant (a label plus
+its `interventions.Edit`s, run as their hooks) with one hooked forward per variant over the
+same sliding windows, and returns each one's per-token NLL. The cached engine (engine.py)
+must give the same numbers; `plan.scores` turns either into per-document sums.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import pandas as pd
 import torch
 
 from blockscope.interventions import Edit, applied, hooks
@@ -96,15 +95,6 @@ def per_position(act: torch.Tensor, name: str) -> torch.Tensor:
 def perplexity_row(nll: torch.Tensor) -> dict:
     mean = float(nll.mean())
     return {"n_scored": int(nll.numel()), "nll": mean, "perplexity": math.exp(mean)}
-
-
-def with_change(rows: list[dict]) -> pd.DataFrame:
-    """Rows as a DataFrame, with each perplexity's change and ratio against the first row's."""
-    df = pd.DataFrame(rows)
-    base = df.loc[0, "perplexity"]
-    df["delta"] = df["perplexity"] - base
-    df["ratio"] = df["perplexity"] / base
-    return df
 
 
 def naive_nlls(

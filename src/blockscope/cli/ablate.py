@@ -40,6 +40,8 @@ from blockscope.cli.data import (
     TextOpt,
     corpus_run,
     source_of,
+    stability_line,
+    uncertainty_record,
 )
 from blockscope.cli.output import write
 
@@ -182,31 +184,6 @@ def ablate(
             df, f"{spec.label} on {run.describe()}: perplexity with {what}"
             f"{' (mean)' if method is Method.mean else ''}")
     write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
-
-
-def uncertainty_record(df) -> dict:
-    """The sidecar's account of the intervals: what was resampled and how."""
-    record = dict(df.attrs.get("uncertainty", {}))
-    if record.get("unit") == "chunk":
-        record["note"] = ("one passage: the bootstrap resamples its consecutive 128-token "
-                          "chunks (not independent documents), so the intervals say how much "
-                          "the figure hangs on which parts of this text, not on which text")
-    if "rank_stability" in record:
-        record["rank_stability_means"] = (
-            "Spearman correlation of the variants' perplexity changes between two random "
-            f"halves of the {record['unit']}s (seed {record['seed']})")
-    return record
-
-
-def stability_line(record: dict) -> str:
-    """One line on whether the ranking holds up across the corpus."""
-    unit, n = record.get("unit", "document"), record.get("n_units", 0)
-    if "rank_stability" not in record:
-        return (f"rank stability: needs 4 or more {unit}s and bootstrap on ({n} {unit}"
-                f"{'s' * (n != 1)} here)")
-    return (f"rank stability: Spearman {record['rank_stability']:+.2f} between the rankings "
-            f"from two random halves of the {n:,} {unit}s (near 1: the corpus is big enough "
-            "to rank them)")
 
 
 def with_intervals(value: float, lo: float, hi: float, spec: str = "+,.2f") -> str:

@@ -105,7 +105,7 @@ def handled(fn):
 
             kwargs["text"] = DEFAULT_TEXT  # the passage commands' default text
         token = output.RUN.set((command, kwargs))  # for the digest
-        rank = int(os.environ.get("RANK", "0"))
+        rank = parallel.env_rank()
         try:
             if parallel.world_size() > 1 and command not in DISTRIBUTED:
                 raise BlockscopeError(f"{command} runs in one process; under torchrun only "

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from blockscope.cli.common import checked_load, err, flag, model_record
+from blockscope.cli.common import checked_load, err, flag, model_record, status
 from blockscope.errors import BlockscopeError
 
 DatasetOpt = Annotated[str | None, typer.Option(
@@ -58,6 +58,32 @@ def source_of(*, text, dataset, config, split, column, revision, n_tokens, n_doc
                     seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
     check(source)
     return source
+
+
+def uncertainty_record(df) -> dict:
+    """The sidecar's account of the intervals: what was resampled and how."""
+    record = dict(df.attrs.get("uncertainty", {}))
+    if record.get("unit") == "chunk":
+        record["note"] = ("one passage: the bootstrap resamples its consecutive 128-token "
+                          "chunks (not independent documents), so the intervals say how much "
+                          "the figure hangs on which parts of this text, not on which text")
+    if "rank_stability" in record:
+        record["rank_stability_means"] = (
+            "Spearman correlation of the variants' perplexity changes between two random "
+            f"halves of the {record['unit']}s (seed {record['seed']})")
+    return record
+
+
+def stability_line(record: dict, what: str = "rankings") -> str:
+    """One line on whether the ranking (of blocks, or heads: `what`) holds up across the
+    corpus."""
+    unit, n = record.get("unit", "document"), record.get("n_units", 0)
+    if "rank_stability" not in record:
+        return (f"rank stability: needs 4 or more {unit}s and bootstrap on ({n} {unit}"
+                f"{'s' * (n != 1)} here)")
+    return (f"rank stability: Spearman {record['rank_stability']:+.2f} between the {what} "
+            f"from two random halves of the {n:,} {unit}s (near 1: the corpus is big enough "
+            "to rank them)")
 
 
 @dataclass
@@ -123,7 +149,8 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
     """Validate everything cheap first, then join the process group (under torchrun), load
     the model and read the text or corpus: bad input fails before the model loads."""
     from blockscope import parallel
-    from blockscope.corpus import Docs, load_docs, passage_docs
+    from blockscope.allocator import untune
+    from blockscope.corpus import load_docs, passage_docs
     from blockscope.loading import spec_for
     from blockscope.results import check_out_dir
     from blockscope.text import read_passage
@@ -149,14 +176,9 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
     if passage is not None:
         docs = passage_docs(passage, lm.tokenizer, source, comm)
     else:
-        from blockscope.allocator import untune
-
         untune()  # documents of many lengths: keep peak memory flat in corpus size
-        from blockscope.cli.common import status
-
         with status(f"reading {source.dataset}", quiet):
             docs = load_docs(source, lm.tokenizer, comm)
-    assert isinstance(docs, Docs)
     run = CorpusRun(source, passage, spec, out_path, lm, docs, stride)
     if quiet:
         return run

@@ -173,12 +173,12 @@ def prune_heads(
                  f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f} "
                  "(the last step before the curve first leaves that band)"
                  for o, r in headline.items()]
-    from blockscope.cli.ablate import stability_line, uncertainty_record
+    from blockscope.cli.data import stability_line, uncertainty_record
 
     uncertainty = uncertainty_record(ablation)
     if not quiet:
         render(per_head, curves, one, sentences, spec.label, cfg)
-        out.print(stability_line(uncertainty).replace("rankings", "head rankings"),
+        out.print(stability_line(uncertainty, "head rankings"),
                   highlight=False, soft_wrap=True)
     meta = run.meta(
         "prune-heads", n_scored=int(curve.loc[0, "n_scored"]), method=method.value,
