@@ -176,3 +176,30 @@ def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch
     assert "head-mask gradient differs" in got[2].how["fallback"]
     assert got[2].how["replay"] == "bridge"
     assert torch.equal(got[0], want[0])
+
+
+def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
+    """What `prune-heads` does: one `prepare`, handed to each experiment, gives each one's
+    own numbers (the mean method's means included); importance from its clean passes equals
+    the hooked model's; a `prepared` of another method is refused."""
+    from blockscope.heads import prepare
+
+    for method in ("zero", "mean"):
+        shared = prepare(tiny, ids, method=method, stride=100)
+        kw = dict(method=method, stride=100)
+        same(heads_sweep(tiny, ids, **kw), heads_sweep(tiny, ids, prepared=shared, **kw))
+        importance, normalised = head_importance(tiny, ids, stride=100)
+        got, got_normalised = head_importance(tiny, ids, stride=100, prepared=shared)
+        # plain and hooked gradients agree as the self-check holds them: to 1e-5 of the largest
+        assert torch.allclose(got, importance, rtol=REL, atol=REL * float(importance.max()))
+        assert torch.allclose(got_normalised, normalised, rtol=REL, atol=REL)
+        same(one_head_per_layer(tiny, ids, importance, **kw),
+             one_head_per_layer(tiny, ids, importance, prepared=shared, **kw))
+        curve = dict(order="gradient", step=0.3, importance=normalised, **kw)
+        a = pruning_curve(tiny, ids, **curve)
+        b = pruning_curve(tiny, ids, prepared=shared, **curve)
+        assert a["heads_removed"].equals(b["heads_removed"])
+        assert torch.allclose(torch.tensor(a["perplexity"].tolist()),
+                              torch.tensor(b["perplexity"].tolist()), rtol=REL, atol=0)
+    with pytest.raises(ValueError, match="another engine or method"):
+        heads_sweep(tiny, ids, method="mean", stride=100, prepared=prepare(tiny, ids, stride=100))

@@ -34,14 +34,27 @@ ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "ci_low", "ci_high", "
 ENGINES = plan.ENGINES
 
 
-def _prepare(model, docs, stride, method: str, engine: str) -> tuple[plan.Prepared, dict]:
-    """The clean passes (or NLL) every head sweep starts from, and `fill`: None for zero
-    ablation, else each layer's clean mean z over positions (n_heads, d_head)."""
+def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
+            engine: str = "cached") -> plan.Prepared:
+    """The clean passes (or NLL) and, for `method` mean, the clean mean z that every head
+    experiment below starts from: computed once, passed to each as `prepared=`."""
+    return _prepare(model, as_docs(tokens), stride, method, engine)[0]
+
+
+def _prepare(model, docs, stride, method: str, engine: str,
+             prepared: plan.Prepared | None = None) -> tuple[plan.Prepared, dict | None]:
+    """`prepared` (made here if None), and `fill`: None for zero ablation, else each
+    layer's clean mean z over positions (n_heads, d_head)."""
     if method not in ("zero", "mean"):
         raise BlockscopeError("--method must be zero or mean")
     names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
-    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
-                            mean_names=names if method == "mean" else ())
+    if prepared is None:
+        prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
+                                mean_names=names if method == "mean" else ())
+    elif prepared.engine != engine or (method == "mean" and not set(names) <= set(
+            prepared.means)):
+        raise ValueError(f"`prepared` was made for another engine or method than "
+                         f"{engine}/{method}")
     fill = {i: prepared.means[n] for i, n in enumerate(names)} if method == "mean" else None
     return prepared, fill
 
@@ -64,15 +77,16 @@ def single_head_ablation(
     model, tokens, *, method: str = "zero", stride: int | None = None,
     layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
     engine: str = "cached", batch_size: int | None = None, progress: Progress | None = None,
-    ci: Bootstrap | None = None,
+    ci: Bootstrap | None = None, prepared: plan.Prepared | None = None,
 ) -> pd.DataFrame:
     """Baseline row, then one row per (layer, head) removed alone. `tokens`: a passage
-    `(1, pos)` or `corpus.Docs`; `ci`: bootstrap intervals (`stats.frame`)."""
+    `(1, pos)` or `corpus.Docs`; `ci`: bootstrap intervals (`stats.frame`); `prepared`:
+    from `prepare` with the same method and engine, if at hand."""
     cfg = model.cfg
     layers = _check(layers, cfg.n_layers, "layers")
     heads = _check(heads, cfg.n_heads, "heads")
     docs = as_docs(tokens)
-    prepared, fill = _prepare(model, docs, stride, method, engine)
+    prepared, fill = _prepare(model, docs, stride, method, engine, prepared)
     items = []
     for layer in layers:
         for head in heads:
@@ -87,7 +101,8 @@ def single_head_ablation(
 
 
 def head_importance(
-    model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None
+    model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
+    prepared: plan.Prepared | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(importance, normalised), each (n_layers, n_heads).
 
@@ -95,8 +110,10 @@ def head_importance(
     windows, each window's |gradient of its summed NLL| is added, then divided by the tokens
     scored; over documents (`corpus.Docs`, every process), every window of every document.
     normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
+    With the cached clean passes in `prepared`, the pass runs as `gradient_pass` says.
     """
-    importance, normalised, _ = gradient_pass(model, tokens, stride=stride, keep=keep)
+    importance, normalised, _ = gradient_pass(model, tokens, stride=stride, keep=keep,
+                                              prepared=prepared)
     return importance, normalised
 
 
@@ -170,6 +187,7 @@ def pruning_curve(
     method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
     seed: int = 0, engine: str = "cached", progress: Progress | None = None,
     ci: Bootstrap | None = None, importance: torch.Tensor | None = None,
+    prepared: plan.Prepared | None = None,
 ) -> pd.DataFrame:
     """Remove heads cumulatively, least important first, until none is left.
 
@@ -177,7 +195,8 @@ def pruning_curve(
     every step (as Michel et al. do); "ablation" uses the single-head ablation ranking
     (`ablation`, from `single_head_ablation`), computed once; "random" a seeded permutation.
     step: below 1, that fraction of the remaining heads per step (at least one); else a count.
-    importance: the normalised importance of the whole model (`head_importance`), if at hand.
+    importance: the normalised importance of the whole model (`head_importance`), if at hand;
+    prepared: from `prepare` with the same method and engine, if at hand.
 
     With the gradient order, zero ablation and the cached engine, a step's perplexity is
     read off the forward pass of the next step's gradient (the hooked model with the step's
@@ -186,7 +205,7 @@ def pruning_curve(
     cfg = model.cfg
     check_pruning(order, step)
     docs = as_docs(tokens)
-    prepared, fill = _prepare(model, docs, stride, method, engine)
+    prepared, fill = _prepare(model, docs, stride, method, engine, prepared)
     run = functools.partial(plan.run, model, docs, prepared=prepared, stride=stride, ci=ci)
     base = plan.scores(model, docs, [], prepared=prepared, stride=stride)  # checked, or naive
     fused = order == "gradient" and engine == "cached" and fill is None
@@ -196,7 +215,7 @@ def pruning_curve(
     if order == "ablation":
         if ablation is None:
             ablation = single_head_ablation(model, docs, method=method, stride=stride,
-                                            engine=engine)
+                                            engine=engine, prepared=prepared)
         rows = ablation.iloc[1:].sort_values("perplexity", kind="stable")
         static = [(int(r.layer), int(r.head)) for r in rows.itertuples()]
     elif order == "random":
@@ -268,11 +287,12 @@ def one_head_per_layer(
     model, tokens, importance: torch.Tensor, *, method: str = "zero",
     stride: int | None = None, engine: str = "cached", batch_size: int | None = None,
     progress: Progress | None = None, ci: Bootstrap | None = None,
+    prepared: plan.Prepared | None = None,
 ) -> pd.DataFrame:
     """For each layer alone: keep only its most important head, other layers intact."""
     cfg = model.cfg
     docs = as_docs(tokens)
-    prepared, fill = _prepare(model, docs, stride, method, engine)
+    prepared, fill = _prepare(model, docs, stride, method, engine, prepared)
     items = []
     for layer in range(cfg.n_layers):
         kept = int(importance[layer].argmax())

@@ -143,13 +143,16 @@ def prune_heads(
     spec, lm, tokens, cfg = run.spec, run.model, run.docs, run.model.cfg
     quiet = quiet or not run.comm.writes
     n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
-    kw = dict(method=method.value, stride=stride, engine=engine.value,
-              ci=Bootstrap(bootstrap, seed))
+    kw = dict(method=method.value, stride=stride, engine=engine.value)
+    with status("clean pass, shared by every experiment below", quiet):
+        kw["prepared"] = experiment.prepare(lm, tokens, **kw)
+    kw["ci"] = Bootstrap(bootstrap, seed)
     with progress_bar(err, n_sweep + 1, "ablating heads one at a time", not quiet) as tick:
         ablation = experiment.single_head_ablation(lm, tokens, layers=layer_ids, heads=head_ids,
                                                    batch_size=batch_size, progress=tick, **kw)
     with status("gradient importance: one forward and backward pass", quiet):
-        importance, normalised = experiment.head_importance(lm, tokens, stride=stride)
+        importance, normalised = experiment.head_importance(lm, tokens, stride=stride,
+                                                            prepared=kw["prepared"])
     curves = []
     for o in orders:
         with progress_bar(err, cfg.n_layers * cfg.n_heads + 1, f"pruning ({o} order)",
