@@ -122,3 +122,37 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
             assert close(got, hidden[k + 1])
             batch = torch.cat([hidden[k], 2 * hidden[k]])  # (2, T, d_model)
             assert close(replay.block_forward(parts[k], batch, clean.replay[k])[:1], got)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_nll_and_its_gradient_equal_log_softmax(bias):
+    """The curve's differentiable unembedding: NLL and d NLL / d h equal float64
+    log_softmax's and autograd's, and a central finite difference of one coordinate."""
+    from blockscope.replay import VOCAB_CHUNK, ChunkedNLL
+
+    g = torch.Generator().manual_seed(0)
+    R, d, V = 7, 16, 3 * VOCAB_CHUNK + 5  # a partial last block
+    h = torch.randn(R, d, generator=g)
+    weight = torch.randn(V, d, generator=g)
+    b = torch.randn(V, generator=g) if bias else None
+    targets = torch.randint(0, V, (R,), generator=g)
+    scale = torch.rand(R, generator=g) + 0.5  # an upstream gradient that is not all ones
+
+    def reference(x):
+        logits = x @ weight.double().T + (0 if b is None else b.double())
+        return -logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+
+    x = h.double().requires_grad_(True)
+    want = reference(x)
+    (want_grad,) = torch.autograd.grad((want * scale.double()).sum(), x)
+    y = h.clone().requires_grad_(True)
+    got = ChunkedNLL.apply(y, weight, b, targets)
+    (got_grad,) = torch.autograd.grad((got * scale).sum(), y)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(got_grad.double(), want_grad, rtol=1e-4, atol=1e-5)
+    eps, (i, j) = 1e-6, (3, 5)
+    step = torch.zeros_like(x)
+    step[i, j] = eps
+    with torch.no_grad():
+        fd = ((reference(x + step) - reference(x - step)) * scale.double()).sum() / (2 * eps)
+    assert float(got_grad[i, j]) == pytest.approx(float(fd), rel=1e-4, abs=1e-6)
