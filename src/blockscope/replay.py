@@ -173,13 +173,7 @@ class ChunkedNLL(torch.autograd.Function):
                 part += bias[s : s + VOCAB_CHUNK]
             blocks.append(part)
             m = part.amax(-1)  # (R,)
-            here = (part - m[:, None]).exp_().sum(-1)
-            if top is None:
-                top, total = m, here
-            else:
-                new = torch.maximum(top, m)
-                total = total * torch.exp(top - new) + here * torch.exp(m - new)
-                top = new
+            top, total = _fold(top, total, m, (part - m[:, None]).exp_().sum(-1))
         lse = top + total.log()  # (R,)
         target = (h * weight[targets]).sum(-1) + (0 if bias is None else bias[targets])
         ctx.save_for_backward(weight, targets, lse)
@@ -262,12 +256,14 @@ def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap) -> torch.Te
             part += bias[s : s + VOCAB_CHUNK]
         part = softcapped(part, softcap).float()
         m = part.amax(-1)  # (R,)
-        part.sub_(m[:, None]).exp_()
-        here = part.sum(-1)  # (R,)
-        if top is None:
-            top, total = m, here
-        else:
-            new = torch.maximum(top, m)
-            total = total * torch.exp(top - new) + here * torch.exp(m - new)
-            top = new
+        top, total = _fold(top, total, m, part.sub_(m[:, None]).exp_().sum(-1))
     return top + total.log()
+
+
+def _fold(top, total, m, here):
+    """A running logsumexp (max `top`, sum `total` of exp(x - top)) with one more block's
+    max `m` and sum `here` folded in; `top` None before the first block."""
+    if top is None:
+        return m, here
+    new = torch.maximum(top, m)
+    return new, total * torch.exp(top - new) + here * torch.exp(m - new)
