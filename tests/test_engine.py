@@ -178,6 +178,28 @@ def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch
     assert torch.equal(got[0], want[0])
 
 
+def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monkeypatch):
+    """The plain replay leaves out the heads a mask removes (`replay.kept_heads`). The
+    self-check holds that path too, even after a check at a mask that removes no head (as in
+    prune-heads: the importance of the whole model, then the pruning steps): a replay that
+    left out the wrong head is caught, and the bridge's gradient is used."""
+    from blockscope import plan, replay
+    from blockscope.heads import gradient_pass
+
+    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    whole = gradient_pass(tiny, ids, prepared=prepared)
+    assert whole[2].how["replay"] == "plain" and "fallback" not in whole[2].how
+    keep = torch.ones(3, 4)
+    keep[2, 1] = 0
+    want = gradient_pass(tiny, ids, keep=keep)
+    right = replay.kept_heads
+    monkeypatch.setattr(replay, "kept_heads", lambda k, width: right(k.roll(1, -1), width))
+    got = gradient_pass(tiny, ids, keep=keep, prepared=prepared)
+    assert "head-mask gradient differs" in got[2].how["fallback"]
+    assert got[2].how["replay"] == "bridge"
+    assert torch.equal(got[0], want[0])
+
+
 def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     """What `prune-heads` does: one `prepare`, handed to each experiment, gives each one's
     own numbers (the mean method's means included); importance from its clean passes equals

@@ -106,10 +106,11 @@ def head_importance(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(importance, normalised), each (n_layers, n_heads).
 
-    importance = |d(mean NLL)/d mask| with the mask at `keep` (default all ones); with several
-    windows, each window's |gradient of its summed NLL| is added, then divided by the tokens
-    scored; over documents (`corpus.Docs`, every process), every window of every document.
-    normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
+    importance = |d(mean NLL)/d mask| with the mask at `keep` (default all ones), and 0 for
+    a head `keep` removes (sets to 0: it is gone, and the plain replay leaves it out); with
+    several windows, each window's |gradient of its summed NLL| is added, then divided by
+    the tokens scored; over documents (`corpus.Docs`, every process), every window of every
+    document. normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
     With the cached clean passes in `prepared`, the pass runs as `gradient_pass` says.
     """
     importance, normalised, _ = gradient_pass(model, tokens, stride=stride, keep=keep,
@@ -159,7 +160,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                             nll = window_nll(model, ids, w)  # (n_scored,)
                     how["replay"].add("plain" if plain is not None else "bridge")
                     (grad,) = torch.autograd.grad(nll.sum(), mask)
-                    summed += grad.abs()
+                    summed += grad.abs() * (mask.detach() != 0)  # a removed head: 0
                     n_scored += nll.numel()
                     nlls.append(nll.detach().double().cpu())
                 units += plan.doc_units(index, torch.cat(nlls)[None], docs.unit)

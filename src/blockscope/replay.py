@@ -41,16 +41,22 @@ class Parts:
 
     def attn_write(self, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
         """attention(ln_1(x)) for x (B, T, d_model), causal; each head's z scaled by
-        `keep` (n_heads,) if given."""
+        `keep` (n_heads,) if given, the heads it sets to 0 left out (`kept_heads`)."""
         B, T, _ = x.shape
         h = _layer_norm(self.ln_1, x)  # (B, T, d_model)
+        idx, rows = kept_heads(keep, self.d_head)
+        k = self.n_heads if idx is None else len(idx)
 
-        def heads(linear):
-            return linear(h).view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, d_head)
+        def heads(linear):  # (B, k, T, d_head): the kept heads
+            return in_rows(linear, h, rows).view(B, T, k, self.d_head).transpose(1, 2)
 
         z = F.scaled_dot_product_attention(heads(self.q), heads(self.k), heads(self.v),
-                                           is_causal=True, scale=self.scale)  # (B, H, T, d_head)
-        return self.o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
+                                           is_causal=True, scale=self.scale)  # (B, k, T, d_head)
+        return heads_out(self.o, z, keep, idx, rows)
+
+    @property
+    def d_head(self) -> int:
+        return self.q.out_features // self.n_heads
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """mlp(ln_2(x)), with the MLP's activation as it is at the call: inside the
@@ -64,6 +70,38 @@ def scaled(z: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """z (B, n_heads, T, d_head) with each head scaled by `keep` (n_heads,): what the heads
     Edit's hook does at `attn.hook_z` without a fill (selfcheck holds the two together)."""
     return z if keep is None else z * keep.to(z.dtype)[None, :, None, None]
+
+
+def kept_heads(keep: torch.Tensor | None, width: int):
+    """(idx, rows): the heads `keep` (n_heads,) leaves in (k,) and their features (k width,)
+    in a layout of `width` features per head; (None, None) when no head is removed. A head
+    scaled by exactly 0 writes nothing, so a replay need not compute its query, key and
+    value: in most of the pruning curve's steps most heads are gone."""
+    if keep is None or bool((keep.detach() != 0).all()):
+        return None, None
+    idx = (keep.detach() != 0).nonzero().flatten()
+    return idx, (idx[:, None] * width + torch.arange(width, device=idx.device)).flatten()
+
+
+def in_rows(linear: torch.nn.Linear, h: torch.Tensor, rows) -> torch.Tensor:
+    """linear(h), only its output features `rows` (all if None)."""
+    if rows is None:
+        return linear(h)
+    return F.linear(h, linear.weight[rows], None if linear.bias is None else linear.bias[rows])
+
+
+def heads_out(o: torch.nn.Module, z: torch.Tensor, keep, idx, rows) -> torch.Tensor:
+    """The output projection `o` (nn.Linear or HF Conv1D) of z (B, k, T, d_head), the heads
+    `idx` (all if None) scaled by `keep` (n_heads,): (B, T, d_model). With heads removed, only
+    the kept heads' rows of W_O enter: the removed ones would add exact zeros."""
+    B, _, T, _ = z.shape
+    if idx is None:
+        return o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
+    flat = scaled(z, keep[idx]).transpose(1, 2).reshape(B, T, -1)  # (B, T, k d_head)
+    if isinstance(o, torch.nn.Linear):
+        return F.linear(flat, o.weight[:, rows], o.bias)
+    out = flat @ o.weight[rows]  # HF Conv1D: weight (n_in, n_out)
+    return out if o.bias is None else out + o.bias
 
 
 def _inner(bridge):

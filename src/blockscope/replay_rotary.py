@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from blockscope.replay import scaled
+from blockscope.replay import heads_out, in_rows, kept_heads
 
 
 def _inner(module):
@@ -73,14 +73,23 @@ class LlamaParts:
         self.d_head, self.scale, self.rotary = attn.head_dim, attn.scaling, rotary
 
     def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
+        """Each head's z scaled by `keep` (n_heads,) if given; the heads it sets to 0 are
+        left out (`replay.kept_heads`), and with them the K/V heads no kept head reads."""
         B, T, _ = x.shape
         (cos, sin), mask_args = _rope_and_mask(ctx, T)
         h = self.ln1(x)  # (B, T, d_model)
-        q, k, v = (m(h).view(B, T, -1, self.d_head).transpose(1, 2)  # (B, heads, T, d_head)
-                   for m in (self.q, self.k, self.v))
+        idx, rows = kept_heads(keep, self.d_head)
+        n_heads = self.q.out_features // self.d_head
+        n_kv = self.k.out_features // self.d_head
+        q = in_rows(self.q, h, rows).view(B, T, -1 if idx is None else len(idx), self.d_head)
+        k, v = (m(h).view(B, T, n_kv, self.d_head) for m in (self.k, self.v))
+        if idx is not None:  # the K/V head each kept query head reads: (B, T, k, d_head)
+            group = idx // (n_heads // n_kv)
+            k, v = k[:, :, group], v[:, :, group]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d_head)
         q, k = self.rotary(q, k, cos, sin)
-        z = _attend(q, k, v, self.scale, mask_args)  # (B, n_heads, T, d_head)
-        return self.o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
+        z = _attend(q, k, v, self.scale, mask_args)  # (B, k, T, d_head)
+        return heads_out(self.o, z, keep, idx, rows)
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln2(x)
@@ -100,13 +109,18 @@ class NeoXParts:
         self.d_head, self.scale, self.rotary = attn.head_size, attn.scaling, rotary
 
     def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
+        """Each head's z scaled by `keep` (n_heads,) if given, the heads it sets to 0 left
+        out (`replay.kept_heads`)."""
         B, T, _ = x.shape
         (cos, sin), mask_args = _rope_and_mask(ctx, T)
-        qkv = self.qkv(self.ln1(x)).view(B, T, -1, 3 * self.d_head).transpose(1, 2)
-        q, k, v = qkv.chunk(3, dim=-1)  # each (B, n_heads, T, d_head)
+        idx, rows = kept_heads(keep, 3 * self.d_head)  # each head's q, k, v side by side
+        n = self.qkv.out_features // (3 * self.d_head) if idx is None else len(idx)
+        qkv = in_rows(self.qkv, self.ln1(x), rows).view(B, T, n, 3 * self.d_head)
+        q, k, v = qkv.transpose(1, 2).chunk(3, dim=-1)  # each (B, n, T, d_head)
         q, k = self.rotary(q, k, cos, sin)  # rotates the first cos.shape[-1] dims only
         z = _attend(q, k, v, self.scale, mask_args)
-        return self.o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
+        out_rows = None if idx is None else kept_heads(keep, self.d_head)[1]
+        return heads_out(self.o, z, keep, idx, out_rows)
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(self.act(self.fc_in(self.ln2(x))))

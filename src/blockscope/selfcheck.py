@@ -152,13 +152,15 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     `mask` (n_layers, n_heads) reproduces the hooked model (the heads Edit's own hooks at
     every layer) to `REL` in both the NLL and its gradient with respect to the mask;
     (None, reason) when it does not; (None, None) where no plain replay applies (a hook in
-    a block or on the unembedding, or a family without one). Checked once per clean pass
-    and set of hooks; the weights must be frozen by the caller."""
+    a block or on the unembedding, or a family without one). Checked once per clean pass,
+    set of hooks, and whether the mask removes a head (0: the replay leaves that head out,
+    `replay.kept_heads`, which only such a mask exercises); the weights must be frozen by
+    the caller. A removed head's gradient is not compared: both sides count it as 0."""
     from blockscope.interventions import applied, mask_heads
     from blockscope.sweep import nll_from_logits
 
     hooked = tuple(name for name, point in model.hook_dict.items() if point.has_hooks())
-    key = ("gradient", hooked)
+    key = ("gradient", hooked, bool((mask == 0).any()))
     if key in clean.checked:
         return clean.checked[key]
     plain = engine.plain_parts(model)
@@ -172,13 +174,13 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
         nll = replay.masked_nll(model, plain, clean, m, lay.softcap)
         grad = (torch.autograd.grad(nll.sum(), m, allow_unused=True)[0]
                 if nll.requires_grad else None)  # None: the mask had no effect at all
-        got = [nll.detach(), torch.zeros_like(m) if grad is None else grad]
+        got = [nll.detach(), torch.zeros_like(m) if grad is None else grad * (m != 0)]
     with torch.enable_grad():
         m = mask.detach().clone().requires_grad_(True)
         with applied(model, mask_heads(m)):
             logits = model(clean.chunk, return_type="logits")[0]  # (T, d_vocab)
         nll = nll_from_logits(logits, clean.chunk, clean.window)
-        want = [nll.detach(), torch.autograd.grad(nll.sum(), m)[0]]
+        want = [nll.detach(), torch.autograd.grad(nll.sum(), m)[0] * (m != 0)]  # as got
     worst = max(_rel(g, w) for g, w in zip(got, want, strict=True))
     clean.checked[key] = (plain, None) if worst <= tol else (None, (
         f"the plain replay of the head-mask gradient differs from the hooked model by "
