@@ -52,7 +52,7 @@ class Parts:
 
         z = F.scaled_dot_product_attention(heads(self.q), heads(self.k), heads(self.v),
                                            is_causal=True, scale=self.scale)  # (B, k, T, d_head)
-        return heads_out(self.o, z, keep, idx, rows)
+        return heads_out(self.o, z, keep, idx)
 
     @property
     def d_head(self) -> int:
@@ -80,7 +80,12 @@ def kept_heads(keep: torch.Tensor | None, width: int):
     if keep is None or bool((keep.detach() != 0).all()):
         return None, None
     idx = (keep.detach() != 0).nonzero().flatten()
-    return idx, (idx[:, None] * width + torch.arange(width, device=idx.device)).flatten()
+    return idx, head_rows(idx, width)
+
+
+def head_rows(idx: torch.Tensor, width: int) -> torch.Tensor:
+    """The features (k width,) of heads `idx` (k,) in a layout of `width` per head."""
+    return (idx[:, None] * width + torch.arange(width, device=idx.device)).flatten()
 
 
 def in_rows(linear: torch.nn.Linear, h: torch.Tensor, rows) -> torch.Tensor:
@@ -90,13 +95,14 @@ def in_rows(linear: torch.nn.Linear, h: torch.Tensor, rows) -> torch.Tensor:
     return F.linear(h, linear.weight[rows], None if linear.bias is None else linear.bias[rows])
 
 
-def heads_out(o: torch.nn.Module, z: torch.Tensor, keep, idx, rows) -> torch.Tensor:
+def heads_out(o: torch.nn.Module, z: torch.Tensor, keep, idx) -> torch.Tensor:
     """The output projection `o` (nn.Linear or HF Conv1D) of z (B, k, T, d_head), the heads
     `idx` (all if None) scaled by `keep` (n_heads,): (B, T, d_model). With heads removed, only
     the kept heads' rows of W_O enter: the removed ones would add exact zeros."""
-    B, _, T, _ = z.shape
+    B, _, T, d_head = z.shape
     if idx is None:
         return o(scaled(z, keep).transpose(1, 2).reshape(B, T, -1))
+    rows = head_rows(idx, d_head)
     flat = scaled(z, keep[idx]).transpose(1, 2).reshape(B, T, -1)  # (B, T, k d_head)
     if isinstance(o, torch.nn.Linear):
         return F.linear(flat, o.weight[:, rows], o.bias)

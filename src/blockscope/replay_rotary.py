@@ -89,7 +89,7 @@ class LlamaParts:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d_head)
         q, k = self.rotary(q, k, cos, sin)
         z = _attend(q, k, v, self.scale, mask_args)  # (B, k, T, d_head)
-        return heads_out(self.o, z, keep, idx, rows)
+        return heads_out(self.o, z, keep, idx)
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln2(x)
@@ -119,8 +119,7 @@ class NeoXParts:
         q, k, v = qkv.transpose(1, 2).chunk(3, dim=-1)  # each (B, n, T, d_head)
         q, k = self.rotary(q, k, cos, sin)  # rotates the first cos.shape[-1] dims only
         z = _attend(q, k, v, self.scale, mask_args)
-        out_rows = None if idx is None else kept_heads(keep, self.d_head)[1]
-        return heads_out(self.o, z, keep, idx, out_rows)
+        return heads_out(self.o, z, keep, idx)
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(self.act(self.fc_in(self.ln2(x))))
