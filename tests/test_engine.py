@@ -6,8 +6,9 @@ import torch
 from blockscope.ablate import block_ablation
 from blockscope.clean import clean_pass
 from blockscope.engine import CPU_BATCH, default_batch_size
-from blockscope.heads import head_importance, one_head_per_layer, pruning_curve
+from blockscope.heads import head_importance, one_head_per_layer
 from blockscope.heads import single_head_ablation as heads_sweep
+from blockscope.pruning import pruning_curve
 from blockscope.sweep import model_windows, token_nll
 from blockscope.text import tokenize
 

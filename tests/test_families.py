@@ -12,8 +12,9 @@ import torch
 
 from blockscope.ablate import block_ablation
 from blockscope.arch import FAMILIES, layout
-from blockscope.heads import pruning_curve, single_head_ablation
+from blockscope.heads import single_head_ablation
 from blockscope.loading import load_model, spec_for
+from blockscope.pruning import pruning_curve
 from blockscope.resid_norm import resid_norms
 from blockscope.shapes import block_shapes
 from blockscope.text import tokenize

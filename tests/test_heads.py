@@ -1,4 +1,5 @@
-"""Head ablation and importance against the plain HF model and finite differences."""
+"""Head ablation and importance against the plain HF model and finite differences
+(the pruning curve: test_pruning.py)."""
 
 import copy
 import math
@@ -7,13 +8,7 @@ import pytest
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.heads import (
-    head_importance,
-    one_head_per_layer,
-    prunable,
-    pruning_curve,
-    single_head_ablation,
-)
+from blockscope.heads import head_importance, one_head_per_layer, single_head_ablation
 from blockscope.interventions import applied, mask_heads
 from blockscope.sweep import model_windows, token_nll
 from blockscope.text import tokenize
@@ -98,9 +93,6 @@ def test_a_mask_of_ones_is_the_baseline(tiny, ids):
     ones = torch.ones(3, 4).requires_grad_(True)  # forces a hook on every layer
     with applied(tiny, mask_heads(ones)):
         assert torch.allclose(token_nll(tiny, ids, wins), base, rtol=1e-6)
-    curve = pruning_curve(tiny, ids, order="random", step=0.5)
-    assert curve.loc[0, "heads_removed"] == 0
-    assert curve.loc[0, "perplexity"] == pytest.approx(math.exp(base.mean()), rel=REL)
 
 
 def test_gradient_importance_matches_a_finite_difference(tiny, ids):
@@ -127,26 +119,6 @@ def test_gradient_importance_sums_over_windows(tiny, alice_text):
     assert torch.isfinite(importance).all() and (importance > 0).all()
 
 
-@pytest.mark.parametrize("order", ["gradient", "ablation", "random"])
-def test_pruning_curve_removes_every_head_in_steps(tiny, ids, order):
-    curve = pruning_curve(tiny, ids, order=order, step=0.25)
-    removed = list(curve["heads_removed"])
-    assert removed[0] == 0 and removed[-1] == 12
-    assert all(b > a for a, b in zip(removed, removed[1:], strict=False))
-    assert removed[1] == 3  # 25% of 12
-    assert curve["share_removed"].iloc[-1] == 1.0
-    best = prunable(curve, tolerance=10.0)
-    assert best["heads_removed"] == curve[curve["ratio"] <= 11]["heads_removed"].max()
-
-
-def test_random_curve_is_reproducible_with_its_seed(tiny, ids):
-    a = pruning_curve(tiny, ids, order="random", step=1, seed=3)
-    b = pruning_curve(tiny, ids, order="random", step=1, seed=3)
-    c = pruning_curve(tiny, ids, order="random", step=1, seed=4)
-    assert a.equals(b)
-    assert not a["perplexity"].equals(c["perplexity"])
-
-
 def test_one_head_per_layer_equals_hf_without_the_others(tiny, hf, ids):
     importance, _ = head_importance(tiny, ids)
     df = one_head_per_layer(tiny, ids, importance)
@@ -162,18 +134,3 @@ def test_out_of_range_filters_and_bad_options(tiny, ids):
         single_head_ablation(tiny, ids, layers=[3])
     with pytest.raises(BlockscopeError, match="--heads"):
         single_head_ablation(tiny, ids, heads=[-1])
-    with pytest.raises(BlockscopeError, match="--order"):
-        pruning_curve(tiny, ids, order="magnitude")
-    with pytest.raises(BlockscopeError, match="--step"):
-        pruning_curve(tiny, ids, step=1.5)
-
-
-def test_the_headline_stops_where_the_curve_first_leaves_the_band():
-    """A later step back inside the band does not count: heads go cumulatively."""
-    import pandas as pd
-
-    curve = pd.DataFrame({"heads_removed": [0, 10, 20, 30, 40],
-                          "ratio": [1.0, 1.01, 1.20, 1.02, 1.50]})
-    assert int(prunable(curve, tolerance=0.05)["heads_removed"]) == 10
-    assert int(prunable(curve, tolerance=0.25)["heads_removed"]) == 30
-    assert int(prunable(curve, tolerance=0.6)["heads_removed"]) == 40

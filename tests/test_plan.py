@@ -4,7 +4,7 @@ and a broken replay caught by the self-check, which falls back to the naive loop
 import pytest
 import torch
 
-from blockscope import replay
+from blockscope import unembed
 from blockscope.ablate import block_ablation
 from blockscope.heads import single_head_ablation
 from blockscope.interventions import Edit, applied, hooks
@@ -68,7 +68,7 @@ def test_a_broken_replay_is_caught_and_the_naive_loop_runs(gemma2, monkeypatch):
     model's own logits, the sweep falls back, and the numbers are the naive loop's."""
     model, ids = gemma2
     naive = block_ablation(model, ids, engine="naive")
-    monkeypatch.setattr(replay, "softcapped", lambda logits, cap: logits)
+    monkeypatch.setattr(unembed, "softcapped", lambda logits, cap: logits)
     cached = block_ablation(model, ids)
     assert "unembedding" in cached.attrs["engine"]["fallback"]
     assert cached.attrs["engine"]["replay"] == "naive"
@@ -89,7 +89,7 @@ def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
 def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
     """A pruning curve scores many masks from the same clean passes: one self-check each."""
     from blockscope import selfcheck
-    from blockscope.heads import pruning_curve
+    from blockscope.pruning import pruning_curve
 
     calls = []
     real = selfcheck._verify

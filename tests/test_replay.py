@@ -128,7 +128,7 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
 def test_chunked_nll_and_its_gradient_equal_log_softmax(bias):
     """The curve's differentiable unembedding: NLL and d NLL / d h equal float64
     log_softmax's and autograd's, and a central finite difference of one coordinate."""
-    from blockscope.replay import VOCAB_CHUNK, ChunkedNLL
+    from blockscope.unembed import VOCAB_CHUNK, ChunkedNLL
 
     g = torch.Generator().manual_seed(0)
     R, d, V = 7, 16, 3 * VOCAB_CHUNK + 5  # a partial last block

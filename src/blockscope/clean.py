@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from blockscope import replay
+from blockscope import unembed
 from blockscope.interventions import applied
 from blockscope.sweep import nll_from_logits, per_position
 from blockscope.text import Window
@@ -98,7 +98,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=()) -> Clean:
             if _last_logits_only(model):  # score from the final residual, chunked
                 keep = min(REF_POSITIONS, w.end - w.first_target) + 1
                 logits = model(chunk, return_type="logits", logits_to_keep=keep)  # (1, k+1, V)
-                nll = replay.final_nll(model, pre[n], chunk, w, _softcap(model))[0]
+                nll = unembed.final_nll(model, pre[n], chunk, w, _softcap(model))[0]
                 ref = _nll_of_last(logits[0, :-1], chunk[0, 1 - keep:])
             else:
                 logits = model(chunk, return_type="logits")  # (1, T, d_vocab)

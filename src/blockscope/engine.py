@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from blockscope import replay
+from blockscope import replay, unembed
 from blockscope.clean import Clean, clean_pass, kept_names
 from blockscope.interventions import Hook, applied
 from blockscope.text import Window
@@ -146,7 +146,7 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
                 m = mlp_step(model, lay, j, m, None)
                 x = m if x is None else torch.cat([x, m])
         x = join(x, False, len(model.blocks))
-        nll = replay.final_nll(model, x, clean.chunk, clean.window, lay.softcap)  # (B, n)
+        nll = unembed.final_nll(model, x, clean.chunk, clean.window, lay.softcap)  # (B, n)
     rows: list = [None] * len(entries)
     for i, row in zip(order, nll, strict=True):
         rows[i] = row.double().cpu()

@@ -5,32 +5,26 @@
 - `head_importance`: Michel et al.'s |dLoss/dmask| for a head mask multiplying each z, from
   one forward and backward pass with the weights frozen, plus the per-layer L2-normalised
   score their code prunes by.
-- `pruning_curve`: remove heads cumulatively, least important first, and score each step.
 - `one_head_per_layer`: keep only each layer's most important head in turn.
+
+The pruning curve built on these is in `pruning`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 from blockscope import plan
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import Edit, applied, head_edits, mask_heads
+from blockscope.interventions import Edit, applied, mask_heads
 from blockscope.parallel import total
 from blockscope.stats import Bootstrap
 from blockscope.sweep import Progress, Variant, model_windows, window_nll
 
-ORDERS = ("gradient", "ablation", "random")
-# What each pruning step records of its run (the intervals are paired with step 0).
-ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "ci_low", "ci_high", "delta_ci_low",
-       "delta_ci_high"]
 ENGINES = plan.ENGINES
 
 
@@ -38,10 +32,10 @@ def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
             engine: str = "cached") -> plan.Prepared:
     """The clean passes (or NLL) and, for `method` mean, the clean mean z that every head
     experiment below starts from: computed once, passed to each as `prepared=`."""
-    return _prepare(model, as_docs(tokens), stride, method, engine)[0]
+    return prepare_fill(model, as_docs(tokens), stride, method, engine)[0]
 
 
-def _prepare(model, docs, stride, method: str, engine: str,
+def prepare_fill(model, docs, stride, method: str, engine: str,
              prepared: plan.Prepared | None = None) -> tuple[plan.Prepared, dict | None]:
     """`prepared` (made here if None), and `fill`: None for zero ablation, else each
     layer's clean mean z over positions (n_heads, d_head)."""
@@ -86,7 +80,7 @@ def single_head_ablation(
     layers = _check(layers, cfg.n_layers, "layers")
     heads = _check(heads, cfg.n_heads, "heads")
     docs = as_docs(tokens)
-    prepared, fill = _prepare(model, docs, stride, method, engine, prepared)
+    prepared, fill = prepare_fill(model, docs, stride, method, engine, prepared)
     items = []
     for layer in layers:
         for head in heads:
@@ -176,114 +170,6 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     return importance, normalised, scored
 
 
-def check_pruning(order: str, step: float) -> None:
-    if order not in ORDERS:
-        raise BlockscopeError(f"--order must be one of {', '.join(ORDERS)}")
-    if step <= 0 or (step >= 1 and step != int(step)):
-        raise BlockscopeError("--step must be a fraction in (0, 1) or a whole number of heads")
-
-
-def pruning_curve(
-    model, tokens, *, order: str = "gradient", step: float = 0.1,
-    method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
-    seed: int = 0, engine: str = "cached", progress: Progress | None = None,
-    ci: Bootstrap | None = None, importance: torch.Tensor | None = None,
-    prepared: plan.Prepared | None = None,
-) -> pd.DataFrame:
-    """Remove heads cumulatively, least important first, until none is left.
-
-    order: "gradient" re-computes the normalised importance of the remaining heads after
-    every step (as Michel et al. do); "ablation" uses the single-head ablation ranking
-    (`ablation`, from `single_head_ablation`), computed once; "random" a seeded permutation.
-    step: below 1, that fraction of the remaining heads per step (at least one); else a count.
-    importance: the normalised importance of the whole model (`head_importance`), if at hand;
-    prepared: from `prepare` with the same method and engine, if at hand.
-
-    With the gradient order, zero ablation and the cached engine, a step's perplexity is
-    read off the forward pass of the next step's gradient (the hooked model with the step's
-    mask: the naive loop's own computation), not from a second forward: one pass per step.
-    """
-    cfg = model.cfg
-    check_pruning(order, step)
-    docs = as_docs(tokens)
-    prepared, fill = _prepare(model, docs, stride, method, engine, prepared)
-    run = functools.partial(plan.run, model, docs, prepared=prepared, stride=stride, ci=ci)
-    base = plan.scores(model, docs, [], prepared=prepared, stride=stride)  # checked, or naive
-    fused = order == "gradient" and engine == "cached" and fill is None
-    n_total = cfg.n_layers * cfg.n_heads
-    keep = torch.ones(cfg.n_layers, cfg.n_heads)
-    static = None
-    if order == "ablation":
-        if ablation is None:
-            ablation = single_head_ablation(model, docs, method=method, stride=stride,
-                                            engine=engine, prepared=prepared)
-        rows = ablation.iloc[1:].sort_values("perplexity", kind="stable")
-        static = [(int(r.layer), int(r.head)) for r in rows.itertuples()]
-    elif order == "random":
-        g = torch.Generator().manual_seed(seed)
-        perm = torch.randperm(n_total, generator=g).tolist()
-        static = [divmod(i, cfg.n_heads) for i in perm]
-    records = [{"step": 0, "heads_removed": 0, **base.frame(ci).iloc[0][ROW].to_dict()}]
-    score = importance
-    if progress:
-        progress(total=n_total + 1)  # at most one step per head
-        progress()
-    removed, how = 0, {}
-    while removed < n_total:
-        remaining = n_total - removed
-        n = max(1, int(step * remaining)) if step < 1 else min(int(step), remaining)
-        if static is not None:
-            chosen = [lh for lh in static if keep[lh] == 1][:n]
-        else:
-            if score is None:
-                _, score, _ = gradient_pass(model, docs, stride=stride, keep=keep,
-                                            prepared=prepared if fused else None)
-            ranked = score.masked_fill(keep == 0, float("inf")).flatten()
-            chosen = [divmod(int(i), cfg.n_heads) for i in ranked.argsort(stable=True)[:n]]
-            score = None
-        for lh in chosen:
-            keep[lh] = 0
-        removed += len(chosen)
-        if fused and removed < n_total:  # this step's NLL and the next step's gradient
-            _, score, scored = gradient_pass(model, docs, stride=stride, keep=keep,
-                                             prepared=prepared)
-            df = dataclasses.replace(
-                base, labels=base.labels + scored.labels,
-                sums=np.concatenate([base.sums, scored.sums], axis=1)).frame(ci)
-            ran = scored.how
-        else:
-            df = run([Variant({}, tuple(head_edits(keep.clone(), fill)))])
-            ran = df.attrs["engine"]
-        row = df.iloc[1][ROW].to_dict()
-        how = ran if "fallback" in ran or not how else how
-        records.append({"step": len(records), "heads_removed": removed, **row})
-        if progress:
-            progress(total=len(records) + _steps_left(n_total - removed, step))
-            progress()
-    df = pd.DataFrame(records)
-    df.insert(0, "order", order)
-    df.insert(3, "share_removed", df["heads_removed"] / n_total)
-    df.attrs["engine"] = how  # how the steps ran (a fallback, if any step had one)
-    return df
-
-
-def _steps_left(remaining: int, step: float) -> int:
-    n = 0
-    while remaining > 0:
-        remaining -= max(1, int(step * remaining)) if step < 1 else min(int(step), remaining)
-        n += 1
-    return n
-
-
-def prunable(curve: pd.DataFrame, tolerance: float) -> pd.Series:
-    """The last row before the curve first leaves the band perplexity <= baseline*(1+tol):
-    heads go cumulatively, so a later step back inside the band does not count."""
-    rows = curve.sort_values("heads_removed", kind="stable").reset_index(drop=True)
-    out = (rows["ratio"] > 1 + tolerance).to_numpy()
-    first_out = int(out.argmax()) if out.any() else len(rows)
-    return rows.iloc[max(first_out - 1, 0)]
-
-
 def one_head_per_layer(
     model, tokens, importance: torch.Tensor, *, method: str = "zero",
     stride: int | None = None, engine: str = "cached", batch_size: int | None = None,
@@ -293,7 +179,7 @@ def one_head_per_layer(
     """For each layer alone: keep only its most important head, other layers intact."""
     cfg = model.cfg
     docs = as_docs(tokens)
-    prepared, fill = _prepare(model, docs, stride, method, engine, prepared)
+    prepared, fill = prepare_fill(model, docs, stride, method, engine, prepared)
     items = []
     for layer in range(cfg.n_layers):
         kept = int(importance[layer].argmax())

@@ -1,4 +1,4 @@
-"""Blocks and the final unembedding as plain torch calls, for the engine's replays.
+"""Blocks as plain torch calls, for the engine's replays.
 
 The bridge's attention computes scores, mask, softmax and pattern one step at a time so that
 its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When none of a block's
@@ -7,8 +7,8 @@ weights (read at every call, so nothing goes stale) and torch's fused
 `scaled_dot_product_attention` (causal). On the CPU that is about 20% faster a block, equal
 to float rounding; the engine checks the agreement on every clean pass (`selfcheck`) and
 otherwise keeps the bridge. GPT-2's blocks are here; the Llama family's and GPT-NeoX's in
-`replay_rotary`, behind the same `parts`. `final_nll` scores a batch of final residuals
-without materialising the logits (the bridge's unembed when that is hooked)."""
+`replay_rotary`, behind the same `parts`; the final norm and unembedding in `unembed`.
+`masked_nll` is the whole model with a head mask, differentiable, for the pruning curve."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
-from blockscope.sweep import nll_from_logits
-from blockscope.text import Window
+from blockscope import unembed
 
 
 @dataclass
@@ -196,77 +195,9 @@ def masked_nll(model, plain: list, clean, mask: torch.Tensor,
     normed = model.ln_final(x)[0, lo - 1 : -1]  # (n_scored, d_model): the predicting rows
     linear, targets = model.unembed.original_component, clean.chunk[0, lo:]
     if softcap is None and isinstance(linear, torch.nn.Linear) and normed.dtype == torch.float32:
-        return ChunkedNLL.apply(normed, linear.weight, linear.bias, targets)
-    logits = softcapped(linear(normed), softcap)
+        return unembed.ChunkedNLL.apply(normed, linear.weight, linear.bias, targets)
+    logits = unembed.softcapped(linear(normed), softcap)
     return -logits.float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
-
-
-class ChunkedNLL(torch.autograd.Function):
-    """NLL (R,) of h (R, d_model) @ weight.T (+ bias) at `targets`, differentiable in h only
-    (the weights are frozen): the logits in the blocks `_logsumexp` uses (at the machine's
-    matmul rate), kept for the backward, which forms softmax - onehot block by block in
-    place. Measured 0.46 s against 0.59 s for GPT-2's unembedding of 469 rows, forward and
-    backward, to 2e-6 of log_softmax's."""
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, targets):
-        blocks = []
-        lse = _logsumexp(h, weight, bias, None, keep=blocks)  # (R,)
-        ctx.save_for_backward(weight, targets, lse)
-        ctx.blocks = blocks
-        return lse - _target_logits(h, weight, bias, targets, None)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        weight, targets, lse = ctx.saved_tensors
-        blocks, ctx.blocks = ctx.blocks, None
-        grad = weight.new_zeros(grad_out.shape[0], weight.shape[1])  # (R, d_model)
-        for part, s in zip(blocks, range(0, weight.shape[0], VOCAB_CHUNK), strict=True):
-            p = part.sub_(lse[:, None]).exp_().mul_(grad_out[:, None])  # softmax * grad_out
-            grad.addmm_(p, weight[s : s + VOCAB_CHUNK])
-        grad -= grad_out[:, None] * weight[targets]  # the target logit's own term
-        return grad, None, None, None
-
-
-VOCAB_CHUNK = 1024  # unembedding rows per matmul; with ROW_BLOCK rows, a 4 MB logits block.
-#   Measured on GPT-2's 768 x 50,257 unembedding, 470 to 2,814 rows: 171-176 GFLOP/s, the
-#   machine's large-matmul rate, against 149-162 with 4096 x 512 blocks
-
-
-def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """Final-logit softcapping (Gemma2): cap * tanh(logits / cap); unchanged without a cap."""
-    return logits if cap is None else cap * torch.tanh(logits / cap)
-
-
-def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
-              softcap: float | None = None) -> torch.Tensor:
-    """NLL (B, n_scored) from final residuals `x` (B, T, d_model): ln_final, then the
-    unembedding of all B x n_scored positions at once in vocabulary chunks with a running
-    logsumexp, never materialising T x d_vocab logits; `softcap` as the layout says. Falls
-    back to the bridge's own unembed, one element at a time, when hooks sit on it."""
-    normed = model.ln_final(x)  # (B, T, d_model)
-    unembed = model.unembed
-    linear = getattr(unembed, "original_component", None)
-    if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
-            or unembed.hook_out.has_hooks()):
-        return torch.stack([nll_from_logits(softcapped(unembed(n[None])[0], softcap), chunk, w)
-                            for n in normed])
-    lo = w.first_target - w.begin
-    B, n = normed.shape[0], normed.shape[1] - lo
-    h = normed[:, lo - 1 : -1].reshape(B * n, -1)  # (B n_scored, d_model): predicting rows
-    targets = chunk[0, lo:].repeat(B)  # (B n_scored,)
-    weight, bias = linear.weight, linear.bias  # (d_vocab, d_model), (d_vocab,) or None
-    lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap)
-                     for r in range(0, h.shape[0], ROW_BLOCK)])  # (B n_scored,)
-    return (lse - _target_logits(h, weight, bias, targets, softcap).float()).view(B, n)
-
-
-def _target_logits(h, weight, bias, targets, softcap) -> torch.Tensor:
-    """The logit of each row's target (R,), softcapped, without the full logits."""
-    target = (h * weight[targets]).sum(-1)
-    if bias is not None:
-        target = target + bias[targets]
-    return softcapped(target, softcap)
 
 
 def _trackable(value):
@@ -279,35 +210,3 @@ def _trackable(value):
     if isinstance(value, dict):
         return {k: _trackable(v) for k, v in value.items()}
     return value
-
-
-ROW_BLOCK = 1024  # rows per unembedding pass (see VOCAB_CHUNK); blocks, not all rows at once:
-#   measured ~15% faster for 6 x 469 rows on the CPU
-
-
-def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
-               keep: list | None = None) -> torch.Tensor:
-    """logsumexp over the vocabulary of h (R, d_model) @ weight.T (+ bias), softcapped, in
-    float32, one VOCAB_CHUNK at a time: a running max and sum, the chunk exponentiated in
-    place (no temporaries the size of the chunk), or, with `keep`, each chunk's logits
-    appended to it and a copy exponentiated."""
-    top = total = None
-    for s in range(0, weight.shape[0], VOCAB_CHUNK):
-        part = h @ weight[s : s + VOCAB_CHUNK].T  # (R, chunk)
-        if bias is not None:
-            part += bias[s : s + VOCAB_CHUNK]
-        part = softcapped(part, softcap).float()
-        m = part.amax(-1)  # (R,)
-        if keep is not None:
-            keep.append(part)
-            part = part - m[:, None]
-        else:
-            part.sub_(m[:, None])
-        here = part.exp_().sum(-1)  # (R,)
-        if top is None:
-            top, total = m, here
-        else:
-            new = torch.maximum(top, m)
-            total = total * torch.exp(top - new) + here * torch.exp(m - new)
-            top = new
-    return top + total.log()

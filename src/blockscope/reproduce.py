@@ -152,7 +152,7 @@ def model_measures(model, settings: dict, *, load_processed=None, progress=None)
     """(measures, frames): block ablation, residual norms for each BOS x weights variant
     (`load_processed()` gives the model with processed weights), prune-heads headline."""
     from blockscope.ablate import block_ablation
-    from blockscope.heads import prunable, pruning_curve
+    from blockscope.pruning import prunable, pruning_curve
     from blockscope.resid_norm import resid_norms
     from blockscope.text import read_passage, tokenize
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from blockscope import engine, replay
+from blockscope import engine, replay, unembed
 from blockscope.arch import hf_config
 from blockscope.clean import Clean
 from blockscope.engine import ReplayMismatch, fused_gelu
@@ -116,7 +116,7 @@ def _verify(model, lay, clean: Clean, mids: bool, relies, plain, bridge: bool = 
         # the window's last scored positions only, against the model's own logits
         w = clean.window
         last = Window(w.begin, w.end, w.end - len(clean.ref_nll))
-        got = replay.final_nll(model, clean.pre[-1], clean.chunk, last, lay.softcap)[0]
+        got = unembed.final_nll(model, clean.pre[-1], clean.chunk, last, lay.softcap)[0]
         err = _rel(got, clean.ref_nll)
         if err > tol:
             raise ReplayMismatch(f"the final norm and unembedding give the clean NLL to "

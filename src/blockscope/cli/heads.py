@@ -112,6 +112,7 @@ def prune_heads(
     per layer. Example: blockscope prune-heads --text data/alice.txt --max-tokens 469
     """
     from blockscope import heads as experiment
+    from blockscope import pruning
     from blockscope.render import progress_bar
     from blockscope.stats import Bootstrap
 
@@ -121,7 +122,7 @@ def prune_heads(
     if "ablation" in orders and (layer_ids or head_ids):
         raise BlockscopeError("--order ablation ranks every head: drop --layers/--heads")
     for o in orders:
-        experiment.check_pruning(o, step)
+        pruning.check_pruning(o, step)
     if not 0 <= tolerance < float("inf"):
         raise BlockscopeError(f"--tolerance must be a fraction of 0 or more (got {tolerance})")
 
@@ -157,7 +158,7 @@ def prune_heads(
     for o in orders:
         with progress_bar(err, cfg.n_layers * cfg.n_heads + 1, f"pruning ({o} order)",
                           not quiet) as tick:
-            curves.append(experiment.pruning_curve(lm, tokens, order=o, step=step, seed=seed,
+            curves.append(pruning.pruning_curve(lm, tokens, order=o, step=step, seed=seed,
                                                    ablation=ablation, progress=tick,
                                                    importance=normalised, **kw))
     with progress_bar(err, cfg.n_layers + 1, "one head per layer", not quiet) as tick:
@@ -170,7 +171,7 @@ def prune_heads(
 
     curve = pd.concat(curves, ignore_index=True)
     n_total = cfg.n_layers * cfg.n_heads
-    headline = {o: experiment.prunable(c, tolerance) for o, c in zip(orders, curves, strict=True)}
+    headline = {o: pruning.prunable(c, tolerance) for o, c in zip(orders, curves, strict=True)}
     sentences = [f"{o} order: {int(r.heads_removed)} of {n_total} heads "
                  f"({r.share_removed:.0%}) can go with perplexity {r.perplexity:,.2f} within "
                  f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f} "
