@@ -201,6 +201,25 @@ def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monke
     assert torch.equal(got[0], want[0])
 
 
+def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
+    """The self-check's own plain pass is the result: with a check at the whole model and one
+    at the first mask that removes a head, three gradient passes run the plain replay three
+    times a window, not five, and give what they gave when the check's pass was run again."""
+    from blockscope import plan, replay
+    from blockscope.heads import gradient_pass
+
+    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    keep = torch.ones(3, 4)
+    keep[1, 2] = 0
+    calls, real = [], replay.masked_nll
+    monkeypatch.setattr(replay, "masked_nll", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    got = [gradient_pass(tiny, ids, keep=k, prepared=prepared)[0] for k in (None, keep, keep)]
+    assert len(calls) == 3 * len(model_windows(tiny, ids, None))
+    assert torch.equal(got[1], got[2])  # the check's pass, then a pass of its own: the same
+    hooked = gradient_pass(tiny, ids, keep=keep)[0]
+    assert torch.allclose(got[1], hooked, rtol=REL, atol=REL * float(hooked.max()))
+
+
 def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     """What `prune-heads` does: one `prepare`, handed to each experiment, gives each one's
     own numbers (the mean method's means included); importance from its clean passes equals

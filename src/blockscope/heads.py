@@ -141,19 +141,23 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
             for index, ids in zip(docs.index, docs.ids, strict=True):
                 nlls = []
                 for wi, w in enumerate(model_windows(model, ids, stride)):
-                    plain = None
-                    if cleans is not None:
-                        plain, why = selfcheck.gradient_replay(model, lay, cleans[wi], mask)
+                    plain = ran = None
+                    if cleans is not None:  # `ran`: the check's own pass, if it just ran
+                        plain, why, ran = selfcheck.gradient_replay(model, lay, cleans[wi],
+                                                                    mask)
                         if why:
                             how["fallback"] = why
-                    if plain is not None:
+                    if ran is not None:
+                        nll, grad = ran
+                    elif plain is not None:
                         with fused_gelu(model):
                             nll = replay.masked_nll(model, plain, cleans[wi], mask, lay.softcap)
                     else:
                         with applied(model, mask_heads(mask)):
                             nll = window_nll(model, ids, w)  # (n_scored,)
                     how["replay"].add("plain" if plain is not None else "bridge")
-                    (grad,) = torch.autograd.grad(nll.sum(), mask)
+                    if ran is None:
+                        (grad,) = torch.autograd.grad(nll.sum(), mask)
                     summed += grad.abs() * (mask.detach() != 0)  # a removed head: 0
                     n_scored += nll.numel()
                     nlls.append(nll.detach().double().cpu())

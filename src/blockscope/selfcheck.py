@@ -148,25 +148,28 @@ def _check_heads(model, lay, clean: Clean, j: int, tol: float) -> None:
 
 
 def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
-    """(plain parts, None) when the plain replay of `clean`'s window with heads scaled by
-    `mask` (n_layers, n_heads) reproduces the hooked model (the heads Edit's own hooks at
+    """(plain parts, None, ran) when the plain replay of `clean`'s window with heads scaled
+    by `mask` (n_layers, n_heads) reproduces the hooked model (the heads Edit's own hooks at
     every layer) to `REL` in both the NLL and its gradient with respect to the mask;
-    (None, reason) when it does not; (None, None) where no plain replay applies (a hook in
-    a block or on the unembedding, or a family without one). Checked once per clean pass,
-    set of hooks, and whether the mask removes a head (0: the replay leaves that head out,
-    `replay.kept_heads`, which only such a mask exercises); the weights must be frozen by
-    the caller. A removed head's gradient is not compared: both sides count it as 0."""
+    (None, reason, ran) when it does not; (None, None, None) where no plain replay applies
+    (a hook in a block or on the unembedding, or a family without one). Checked once per
+    clean pass, set of hooks, and whether the mask removes a head (0: the replay leaves that
+    head out, `replay.kept_heads`, which only such a mask exercises); the weights must be
+    frozen by the caller. A removed head's gradient is not compared: both sides count it as
+    0. `ran`: on the call that checked, the (NLL (n_scored,), gradient (n_layers, n_heads))
+    of the side to use (the plain replay's if it agreed, else the hooked model's), so the
+    caller need not compute them again; else None."""
     from blockscope.interventions import applied, mask_heads
     from blockscope.sweep import nll_from_logits
 
     hooked = tuple(name for name, point in model.hook_dict.items() if point.has_hooks())
     key = ("gradient", hooked, bool((mask == 0).any()))
     if key in clean.checked:
-        return clean.checked[key]
+        return (*clean.checked[key], None)
     plain = engine.plain_parts(model)
     if plain is None or hooked:
         clean.checked[key] = (None, None)
-        return clean.checked[key]
+        return None, None, None
     tol = tolerance(clean.pre[0].dtype)
     got, want = [], []
     with torch.enable_grad(), engine.fused_gelu(model):
@@ -185,4 +188,4 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     clean.checked[key] = (plain, None) if worst <= tol else (None, (
         f"the plain replay of the head-mask gradient differs from the hooked model by "
         f"{worst:.1e} relative (allowed {tol:.0e}); the gradients ran through the bridge"))
-    return clean.checked[key]
+    return (*clean.checked[key], got if worst <= tol else want)
