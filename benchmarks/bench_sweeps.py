@@ -23,8 +23,9 @@ sweep runs once more alone in a fresh process, as the CLI would, for its own pea
 
 What a user waits for is the whole command, so each model also runs `blockscope ablate` and
 `blockscope prune-heads` (their defaults: PNG, metrics, CSV and JSON writes included) in fresh
-processes, naive and cached alternating, timed net of loading (the time inside the CLI's
-`load`: importing TransformerLens and reading the weights). Each ratio is printed against its
+processes through the `blockscope` script's own entry point (which tunes the allocator first,
+for either engine), naive and cached alternating, timed net of loading (the time inside the
+CLI's `load`: importing TransformerLens and reading the weights). Each ratio is printed against its
 target (block sweep 2x, head sweep 1.8x), and the engine's numbers against the naive loop's
 (1e-5 relative).
 """
@@ -174,10 +175,12 @@ def main() -> None:
 
 
 def child_command(argv: list[str]) -> None:
-    """Run one blockscope command in this fresh process; print its wall time net of the
+    """Run one blockscope command in this fresh process as the `blockscope` script does
+    (`blockscope.cli.main`: the allocator tuned first); print its wall time net of the
     time spent inside the CLI's `load` (imports of TransformerLens, reading weights)."""
     start = time.perf_counter()
-    from blockscope.cli import app, common
+    from blockscope import cli
+    from blockscope.cli import common
 
     in_load = []
     real = common.load
@@ -190,9 +193,12 @@ def child_command(argv: list[str]) -> None:
             in_load.append(time.perf_counter() - t)
 
     common.load = timed_load
-    import typer
-
-    typer.main.get_command(app).main(argv, standalone_mode=False)
+    sys.argv = ["blockscope", *argv]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
     total = time.perf_counter() - start
     print(f"BENCH_NET {total - sum(in_load)} LOAD {sum(in_load)}")
 
