@@ -8,6 +8,7 @@ import torch
 
 from blockscope.ablate import block_ablation, metric_correlations
 from blockscope.similarity import spearman
+from blockscope.sweep import model_windows
 from blockscope.text import tokenize
 
 
@@ -53,6 +54,20 @@ def test_metrics_over_windows_agree_between_engines(tiny, alice_text):
     corr = metric_correlations(cached)
     assert set(corr) == {"block_influence", "angular_distance"}
     assert all(-1 <= v <= 1 for v in corr.values())
+
+
+@pytest.mark.parametrize("stride", [None, 100])
+def test_naive_metrics_come_from_its_own_baseline_pass(tiny, alice_text, monkeypatch, stride):
+    """The naive loop runs one forward per window for the baseline and one per variant and
+    window, nothing more: the block metrics are read off the baseline's forward."""
+    ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)
+    hf_model = tiny.original_model
+    calls, real = [], hf_model.forward
+    monkeypatch.setattr(hf_model, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    df = block_ablation(tiny, ids, stride=stride, engine="naive")
+    n_windows = len(model_windows(tiny, ids, stride))
+    assert len(calls) == (1 + 3) * n_windows
+    assert df["block_influence"][1:].notna().all()
 
 
 def test_spearman():

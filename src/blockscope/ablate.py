@@ -13,13 +13,12 @@ import pandas as pd
 import torch
 
 from blockscope import plan
-from blockscope.clean import clean_pass
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import PART_HOOKS, Edit
 from blockscope.similarity import BlockSimilarity, spearman
 from blockscope.stats import Bootstrap
-from blockscope.sweep import Progress, Variant, model_windows
+from blockscope.sweep import Progress, Variant
 
 PARTS = ("block", "attn", "mlp")
 METHODS = ("zero", "mean")
@@ -81,14 +80,9 @@ def block_ablation(
     prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names)
     variants = [Variant({"layer": i, "part": part, "method": method},
                         (Edit(part, i, _fill(prepared.means, i, part)),)) for i in layers]
-    similarity = BlockSimilarity(n_layers)  # cached: from the same clean passes, for free
+    similarity = BlockSimilarity(n_layers)  # from the clean passes either engine runs
     df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
-                  batch_size=batch_size, progress=progress, ci=ci,
-                  on_clean=similarity.add if engine == "cached" else None)
-    if engine != "cached":
-        for ids in docs.ids:
-            for w in model_windows(model, ids, stride):
-                similarity.add(clean_pass(model, ids, w))
+                  batch_size=batch_size, progress=progress, ci=ci, on_clean=similarity.add)
     similarity = similarity.joined(docs.comm)
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"

@@ -52,10 +52,13 @@ def _no_cache(value):
     return None if type(value).__name__.endswith("Cache") else value
 
 
-def clean_pass(model, tokens: torch.Tensor, w: Window, names=()) -> Clean:
+def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
+               reference: bool = False) -> Clean:
     """One hooked forward of window `w`, keeping each block's input and the `names` asked
     for (`kept_names`), and the arguments each block was called with (any K/V cache
-    dropped, positional or keyword, so replays never append to it)."""
+    dropped, positional or keyword, so replays never append to it). `reference`: the NLL
+    from HF's full logits, the naive loop's own computation (`sweep.window_nll`), never
+    from the kept final residual."""
     n = model.cfg.n_layers
     chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
     pre, acts, args_of = [None] * (n + 1), {}, [None] * n
@@ -95,7 +98,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=()) -> Clean:
             firsts.append((b.hook_in, b.hook_in.add_hook(keep_raw(i), prepend=True)))
     try:
         with torch.inference_mode(), applied(model, hooks):
-            if _last_logits_only(model):  # score from the final residual, chunked
+            if not reference and _last_logits_only(model):  # from the final residual
                 keep = min(REF_POSITIONS, w.end - w.first_target) + 1
                 logits = model(chunk, return_type="logits", logits_to_keep=keep)  # (1, k+1, V)
                 nll = unembed.final_nll(model, pre[n], chunk, w, _softcap(model))[0]

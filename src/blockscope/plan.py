@@ -21,7 +21,7 @@ from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import hooks
 from blockscope.parallel import total
-from blockscope.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls, token_nll
+from blockscope.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
 
 ENGINES = ("cached", "naive")
 
@@ -35,14 +35,16 @@ def check_engine(name: str) -> None:
 class Prepared:
     """What every sweep of one set of documents starts from: the corpus-wide clean means of
     the hook points asked for, and, where this process holds one document, its clean passes
-    (cached engine) or clean NLL (naive), reused by every `run`. With several documents each
-    `run` recomputes a document's clean pass when it scores it: memory stays flat."""
+    (cached engine) or its baseline passes (naive), reused by every `run`. With several
+    documents each `run` recomputes a document's clean pass when it scores it: memory stays
+    flat."""
 
     engine: str  # "cached" or "naive"
     names: list[str]  # hook points a clean pass keeps (cached engine)
     means: dict[str, torch.Tensor]  # hook name -> mean activation over every position
     cleans: list | None = None  # clean.Clean per window of the one document held (cached)
-    baseline: torch.Tensor | None = None  # (n_scored,) its clean NLL (naive)
+    reference: list | None = None  # naive: its baseline's own passes (full logits, as
+    #   `sweep.token_nll`), each block's input kept, so metrics need no forward of their own
 
 
 def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
@@ -66,7 +68,7 @@ def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
         ids = docs.ids[0]
         wins = model_windows(model, ids, stride)
         if engine_name == "naive":
-            prepared.baseline = token_nll(model, ids, wins)
+            prepared.reference = _reference(model, ids, wins)
         else:
             prepared.cleans = [clean.clean_pass(model, ids, w, names) for w in wins]
     if not mean_names:
@@ -220,8 +222,12 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
     """One document's per-token NLL, baseline first, and how it ran (`cached`: the clean
     passes or NLL in `prepared` are this document's)."""
     if starts is None:
+        refs = prepared.reference if cached else (
+            _reference(model, ids, wins) if on_clean else None)
+        for c in refs if on_clean else ():
+            on_clean(c)
         return (naive_nlls(model, ids, variants, wins=wins,
-                           baseline_nll=prepared.baseline if cached else None,
+                           baseline_nll=None if refs is None else _nll_of(refs),
                            progress=progress), {"replay": "naive", "batch_size": 1})
     cleans = prepared.cleans if cached else [clean.clean_pass(model, ids, w, prepared.names)
                                              for w in wins]
@@ -236,6 +242,17 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
                 {"replay": "naive", "batch_size": 1,
                  "fallback": f"the cached engine's self-check failed: {exc}; every variant "
                  "was scored by the naive loop"})
+
+
+def _reference(model, ids, wins) -> list[clean.Clean]:
+    """The naive loop's clean passes: its baseline forward (`sweep.token_nll`'s full logits),
+    each block's input kept as it goes by."""
+    return [clean.clean_pass(model, ids, w, reference=True) for w in wins]
+
+
+def _nll_of(passes: list[clean.Clean]) -> torch.Tensor:
+    """The clean NLL of these windows, in order, (n_scored,) float64, as `token_nll` gives."""
+    return torch.cat([c.nll for c in passes]).double().cpu()
 
 
 def _how(hows: list[dict]) -> dict:
