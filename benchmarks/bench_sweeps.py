@@ -26,10 +26,8 @@ What a user waits for is the whole command, so each model also runs `blockscope 
 processes through the `blockscope` script's own entry point (which tunes the allocator first,
 for either engine), naive and cached alternating, timed net of loading: importing torch,
 transformers and TransformerLens (done first, as any tool here must) and the time inside the
-CLI's `load` (reading the weights). Before 2026-12-01 evening, torch's import (~1.5 s here)
-fell inside the command's time, since blockscope imports it before `load`. Each ratio is printed against its
-target (block sweep 2x, head sweep 1.8x), and the engine's numbers against the naive loop's
-(1e-5 relative).
+CLI's `load` (reading the weights). Each ratio is printed against its target (block sweep
+2x, head sweep 1.8x), and the engine's numbers against the naive loop's (1e-5 relative).
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
 def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool, batch_size,
            progress, on_clean) -> tuple[list[torch.Tensor], dict]:
     """One document's per-token NLL, baseline first, and how it ran (`cached`: the clean
-    passes or NLL in `prepared` are this document's)."""
+    or baseline passes in `prepared` are this document's)."""
     if starts is None:
         refs = prepared.reference if cached else (
             _reference(model, ids, wins) if on_clean else None)
