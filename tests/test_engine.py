@@ -19,7 +19,8 @@ REL = 1e-5
 def ids(request, tiny, alice_text):
     if request.param == "short":
         return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=60)
-    return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)  # 4 windows
+    # stride 100, context 128: windows (0, 128) and (100, 200), the second scored from 128
+    return tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=200)
 
 
 def same(a, b):
@@ -41,7 +42,7 @@ def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size):
 
 
 @pytest.mark.parametrize("method", ["zero", "mean"])
-@pytest.mark.parametrize("batch_size", [1, 3, None])
+@pytest.mark.parametrize("batch_size", [1, 5])  # 5: a short last batch (12 heads)
 def test_single_head_sweep_equals_naive(tiny, ids, method, batch_size):
     naive = heads_sweep(tiny, ids, method=method, stride=100, engine="naive")
     fast = heads_sweep(tiny, ids, method=method, stride=100, batch_size=batch_size)
@@ -223,10 +224,13 @@ def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
 def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     """What `prune-heads` does: one `prepare`, handed to each experiment, gives each one's
     own numbers (the mean method's means included); importance from its clean passes equals
-    the hooked model's; a `prepared` of another method is refused."""
+    the hooked model's; a `prepared` of another method is refused. Over windows only the
+    mean method, whose means come from every window (the zero method's windows are held
+    to the naive loop by the tests above)."""
     from blockscope.heads import prepare
 
-    for method in ("zero", "mean"):
+    windows = len(model_windows(tiny, ids, 100)) > 1
+    for method in ("mean",) if windows else ("zero", "mean"):
         shared = prepare(tiny, ids, method=method, stride=100)
         kw = dict(method=method, stride=100)
         same(heads_sweep(tiny, ids, **kw), heads_sweep(tiny, ids, prepared=shared, **kw))
