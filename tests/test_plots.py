@@ -76,3 +76,22 @@ def test_ablation_plot_draws_the_paired_intervals(tiny):
         assert hi == pytest.approx(1 + row.delta_ci_high / base)
     no_ci = ablation_plot(block_ablation(tiny, ids), "t")
     assert not [c for c in no_ci.axes[0].containers if isinstance(c, ErrorbarContainer)]
+
+
+@pytest.mark.parametrize("ppl, want", [
+    ([100.0, 99.8, 100.3, 99.5], {"0.998", "1", "1.002"}),  # a narrow span: every tick
+    ([22.2, 1684.0, 28.3, 23.4], {"1", "10"}),  # over decades: the decades at least
+])
+def test_ablation_axis_labels_are_plain_numbers(ppl, want):
+    """The log axis of perplexity / baseline is labelled 0.998 and 1.002, not 1e+00, and a
+    span of decades keeps its decade labels."""
+    import pandas as pd
+
+    df = pd.DataFrame({"variant": ["baseline"] + ["ablated"] * 3, "layer": [None, 0, 1, 2],
+                       "part": ["none"] + ["block"] * 3, "perplexity": ppl})
+    fig = ablation_plot(df, "labels")
+    fig.savefig(io.BytesIO(), format="png")  # lays the ticks out
+    ax = fig.axes[0]
+    labels = {t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)} - {""}
+    assert want <= labels, labels
+    assert not any("e+" in t or "e-" in t or "times" in t for t in labels), labels

@@ -101,14 +101,7 @@ def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
     files[digested(f"{stem}.json", digest)] = {**meta, "settings_digest": digest}
     files.update({digested(name, digest): content for name, content in (extra or {}).items()})
     replaced = [name for name in files if (Path(out_dir) / name).exists()]
-    try:
-        paths = write_outputs(out_dir, files)
-    finally:
-        for content in (extra or {}).values():
-            if hasattr(content, "savefig"):
-                import matplotlib.pyplot as plt
-
-                plt.close(content)
+    paths = write_outputs(out_dir, files)
     csvs = [p for p in paths if p.suffix == ".csv"]
     if replaced:
         err.print(f"replaced the results of an earlier run with the same settings "
