@@ -1,76 +1,18 @@
 """Model loading: the only place blockscope touches the Hugging Face hub.
 
 `load_model` accepts a hub id (default `gpt2`) or a local checkpoint directory and returns
-a `TransformerBridge` booted on raw weights (no layer-norm folding), in eval mode.
+a `TransformerBridge` booted on raw weights (no layer-norm folding), in eval mode. What a
+--model names is resolved first, without loading, in `spec` (`spec_for`, re-exported here).
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from blockscope.errors import BlockscopeError, ModelUnavailable
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the user asked for, resolved; recorded in every JSON sidecar."""
-
-    name: str  # as given on the command line: hub id or directory
-    source: str  # hub id after alias resolution, or the directory's absolute path
-    is_local: bool  # a local checkpoint directory rather than a hub id
-    device: str  # torch device string actually used
-    dtype: str  # key of DTYPES
-    processed: bool  # TransformerLens compatibility mode (folded norms, centred weights)
-
-    @property
-    def label(self) -> str:
-        """For titles: the directory's name (not its whole path) or the hub id, and the
-        dtype when it is not float32."""
-        base = Path(self.source).name if self.is_local else self.name
-        return base if self.dtype == "float32" else f"{base} ({self.dtype})"
-
-    @property
-    def slug(self) -> str:
-        """A filename-safe short name: the directory's name, or the hub id with / as --."""
-        base = Path(self.source).name if self.is_local else self.source.replace("/", "--")
-        base += "" if self.dtype == "float32" else f"-{self.dtype}"  # the dtype shows
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", base) or "model"
-
-
-def resolve_device(device: str) -> str:
-    """`auto` -> cuda if present else cpu; refuse a device this machine does not have."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise BlockscopeError(f"unknown --device {device!r} (try auto, cpu, cuda, cuda:1, mps)")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise BlockscopeError(f"--device {device}: no CUDA device is available here")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise BlockscopeError(
-                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here"
-            )
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise BlockscopeError(f"--device {device}: MPS is not available here")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise BlockscopeError(f"--device {device}: unsupported device type {dev.type!r}")
-    return str(dev)
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise BlockscopeError(f"unknown --dtype {dtype!r} (choose {', '.join(DTYPES)})")
+from blockscope.spec import (  # noqa: F401  (the names callers import from here)
+    DTYPES, ModelSpec, looks_like_path, resolve_device, resolve_dtype, spec_for)
 
 
 def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
@@ -95,29 +37,6 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
 # Any one of these makes a directory's tokenizer loadable by AutoTokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model",
                    "tokenizer_config.json")
-
-
-def looks_like_path(name: str) -> bool:
-    """A --model that can only mean a path: ./x, /x, ~/x, x/, a/b/c, or a .json file
-    (hub ids are `name` or `org/name`)."""
-    return (name.startswith((".", "/", "~")) or name.endswith(("/", ".json"))
-            or name.count("/") >= 2)
-
-
-def spec_for(
-    name: str, *, device: str = "auto", dtype: str = "float32", processed: bool = False
-) -> ModelSpec:
-    """Resolve names without loading anything: fails fast on a bad device or dtype."""
-    resolve_dtype(dtype)
-    dev = resolve_device(device)
-    path = Path(name).expanduser()
-    if path.exists() or looks_like_path(name):
-        if not path.exists():
-            raise BlockscopeError(f"--model {name}: no such directory")
-        return ModelSpec(name, str(path.resolve()), True, dev, dtype, processed)
-    from transformer_lens.tools.model_registry.registry_io import resolve_model_alias
-
-    return ModelSpec(name, resolve_model_alias(name) or name, False, dev, dtype, processed)
 
 
 def _hub_reachable() -> bool:
