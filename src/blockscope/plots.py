@@ -16,13 +16,10 @@ from matplotlib.ticker import LogFormatter
 DPI = 120
 
 
-def _subplots(*layout, **kw):
-    """(fig, axes) as `pyplot.subplots` gives them, without pyplot: `layout` (rows, cols)
-    and `sharex`/`squeeze`... go to `Figure.subplots`, the rest to `Figure`."""
-    sub = {k: kw.pop(k) for k in ("sharex", "sharey", "squeeze", "subplot_kw", "gridspec_kw")
-           if k in kw}
-    fig = Figure(**kw)
-    return fig, fig.subplots(*layout, **sub)
+def _subplots(*layout: int, figsize: tuple[float, float], squeeze: bool = True):
+    """(fig, axes) as `pyplot.subplots(*layout, ...)` gives them, at DPI, without pyplot."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*layout, squeeze=squeeze)
 
 
 def _drawable(label: str) -> str:
@@ -42,7 +39,7 @@ class _PlainLog(LogFormatter):
 def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
     """Perplexity of each removal against the baseline: bars of perplexity / baseline on a
     log axis, starting at 1 (the baseline), so a 5% change stays a short bar."""
-    fig, ax = _subplots(figsize=(8, 4.5), dpi=DPI)
+    fig, ax = _subplots(figsize=(8, 4.5))
     rows = df.iloc[1:]
     base = df.loc[0, "perplexity"]
     part = str(rows["part"].iloc[0]) if len(rows) and "part" in rows else "block"
@@ -68,7 +65,7 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
 
 def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
     """Residual-stream norm along the stream on a log axis, one line per position."""
-    fig, ax = _subplots(figsize=(9, 4.5), dpi=DPI)
+    fig, ax = _subplots(figsize=(9, 4.5))
     for pos, group in df.groupby("position", sort=True):
         token = _drawable(group["token"].iloc[0])
         ax.plot(range(len(group)), group["norm"], marker="o", markersize=3,
@@ -90,7 +87,7 @@ def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
 def resid_norm_band_plot(df: pd.DataFrame, title: str) -> Figure:
     """The median residual norm along the stream over a corpus's tokens, with the band from
     the 10th to the 90th percentile, on a log axis."""
-    fig, ax = _subplots(figsize=(8, 4.5), dpi=DPI)
+    fig, ax = _subplots(figsize=(8, 4.5))
     x = range(len(df))
     ax.fill_between(x, df["p10"], df["p90"], alpha=0.25, label="10th-90th percentile")
     ax.plot(x, df["median"], marker="o", markersize=3, label="median")
@@ -106,7 +103,7 @@ def resid_norm_band_plot(df: pd.DataFrame, title: str) -> Figure:
 def prune_heads_plot(per_head: pd.DataFrame, curve: pd.DataFrame, *, n_layers: int,
                      n_heads: int, tolerance: float, title: str) -> Figure:
     """Left: layers x heads heatmap of the single-head effect. Right: the pruning curves."""
-    fig, (left, right) = _subplots(1, 2, figsize=(12, 4.8), dpi=DPI)
+    fig, (left, right) = _subplots(1, 2, figsize=(12, 4.8))
     grid = np.full((n_layers, n_heads), np.nan)
     for r in per_head.itertuples():
         grid[int(r.layer), int(r.head)] = 100 * (r.ratio - 1)
@@ -143,7 +140,7 @@ PARAM_PARTS = {  # stacked-bar segment -> components of the `params` table
 
 def params_plot(df: pd.DataFrame, title: str) -> Figure:
     """Share of each model's parameters in embeddings, attention, MLP and norms."""
-    fig, ax = _subplots(figsize=(max(5, 2.2 * df["model"].nunique() + 2), 4.5), dpi=DPI)
+    fig, ax = _subplots(figsize=(max(5, 2.2 * df["model"].nunique() + 2), 4.5))
     models = list(dict.fromkeys(df["model"]))
     bottom = np.zeros(len(models))
     for part, components in PARAM_PARTS.items():
@@ -169,7 +166,7 @@ def params_plot(df: pd.DataFrame, title: str) -> Figure:
 
 def norm_init_plot(summary: pd.DataFrame, title: str) -> Figure:
     """Gradient norm per block at initialization (log axis), one line per layout x init."""
-    fig, ax = _subplots(figsize=(8, 4.5), dpi=DPI)
+    fig, ax = _subplots(figsize=(8, 4.5))
     for (layout, scaled), rows in summary.groupby(["layout", "scaled_init"], sort=False):
         ax.plot(rows["layer"] + 1, rows["grad_norm"], marker="o",
                 linestyle="-" if layout == "pre" else "--",
@@ -180,7 +177,7 @@ def norm_init_plot(summary: pd.DataFrame, title: str) -> Figure:
 
 def norm_train_plot(trained: pd.DataFrame, title: str) -> Figure:
     """Training loss per step, one line per layout x warm-up."""
-    fig, ax = _subplots(figsize=(8, 4.5), dpi=DPI)
+    fig, ax = _subplots(figsize=(8, 4.5))
     steps = trained[trained["kind"] == "step"]
     for (layout, warmup), rows in steps.groupby(["layout", "warmup_steps"], sort=False):
         ax.plot(rows["step"], rows["loss"], linestyle="-" if layout == "pre" else "--",
@@ -202,7 +199,7 @@ def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
 def head_roles_plot(df: pd.DataFrame, roles, n_layers: int, n_heads: int, title: str) -> Figure:
     """One layer x head heatmap per role, on one colour scale (0 to the largest score)."""
     fig, axes = _subplots(1, len(roles), figsize=(4.2 * len(roles), 0.35 * n_layers + 2),
-                             dpi=DPI, squeeze=False)
+                          squeeze=False)
     grids = {r: np.full((n_layers, n_heads), np.nan) for r in roles}
     for row in df.itertuples():
         for r in roles:
@@ -228,8 +225,7 @@ def attention_plot(df: pd.DataFrame, title: str) -> Figure:
               .drop_duplicates("query_pos").sort_values("query_pos")["query_token"]
               .map(_drawable).tolist())
     size = max(3.0, 0.22 * T + 1.5)
-    fig, axes = _subplots(rows, cols, figsize=(size * cols, size * rows), dpi=DPI,
-                             squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
     for ax in axes.flat[len(pairs):]:
         ax.axis("off")
     for ax, (layer, head) in zip(axes.flat, pairs, strict=False):
