@@ -14,7 +14,7 @@ import torch
 
 from blockscope import unembed
 from blockscope.interventions import applied
-from blockscope.sweep import nll_from_logits, per_position
+from blockscope.sweep import nll_from_logits, nll_of, per_position
 from blockscope.text import Window
 
 
@@ -102,7 +102,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
                 keep = min(REF_POSITIONS, w.end - w.first_target) + 1
                 logits = model(chunk, return_type="logits", logits_to_keep=keep)  # (1, k+1, V)
                 nll = unembed.final_nll(model, pre[n], chunk, w, _softcap(model))[0]
-                ref = _nll_of_last(logits[0, :-1], chunk[0, 1 - keep:])
+                ref = nll_of(logits[0, :-1], chunk[0, 1 - keep:])
             else:
                 logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
                 nll = ref = nll_from_logits(logits[0], chunk, w)
@@ -129,10 +129,6 @@ def drop_patterns(model) -> None:
 
 REF_POSITIONS = 16  # the clean pass's last scored positions also scored from HF's logits
 
-
-def _nll_of_last(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """NLL (k,) of `targets` (k,) from the logits (k, d_vocab) that predict them."""
-    return -logits.float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
 
 
 def _softcap(model) -> float | None:

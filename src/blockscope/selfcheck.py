@@ -150,7 +150,9 @@ def _check_heads(model, lay, clean: Clean, j: int, tol: float) -> None:
 def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     """(plain parts, None, ran) when the plain replay of `clean`'s window with heads scaled
     by `mask` (n_layers, n_heads) reproduces the hooked model (the heads Edit's own hooks at
-    every layer) to `REL` in both the NLL and its gradient with respect to the mask;
+    every layer) to `REL` in both the NLL and its gradient with respect to the mask, or,
+    in float32 where it does not, lies within NOISE times the hooked pass's own distance
+    from a float64 pass of the same (float32 rounding, not a wrong replay);
     (None, reason, ran) when it does not; (None, None, None) where no plain replay applies
     (a hook in a block or on the unembedding, or a family without one). Checked once per
     clean pass, set of hooks, and whether the mask removes a head (0: the replay leaves that
@@ -185,7 +187,45 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
         nll = nll_from_logits(logits, clean.chunk, clean.window)
         want = [nll.detach(), torch.autograd.grad(nll.sum(), m)[0] * (m != 0)]  # as got
     worst = max(_rel(g, w) for g, w in zip(got, want, strict=True))
-    clean.checked[key] = (plain, None) if worst <= tol else (None, (
-        f"the plain replay of the head-mask gradient differs from the hooked model by "
-        f"{worst:.1e} relative (allowed {tol:.0e}); the gradients ran through the bridge"))
-    return (*clean.checked[key], got if worst <= tol else want)
+    ok = worst <= tol
+    why = (f"the plain replay of the head-mask gradient differs from the hooked model by "
+           f"{worst:.1e} relative (allowed {tol:.0e}); the gradients ran through the bridge")
+    if not ok and clean.pre[0].dtype == torch.float32:
+        # Two correct float32 orders of summation can differ by more than `tol` in a deep
+        # model's gradient (SmolLM2: ~1e-4). Judge like with like: against a float64 pass,
+        # the replay may be off by at most NOISE times what the hooked float32 pass is.
+        exact = _float64_pass(model, clean, mask)
+        noise = max(_rel(w, e) for w, e in zip(want, exact, strict=True))
+        off = max(_rel(g, e) for g, e in zip(got, exact, strict=True))
+        allowed = max(tol, NOISE * noise)
+        ok = off <= allowed  # within float32 noise: a correct replay
+        why = (f"the plain replay of the head-mask gradient differs from a float64 pass by "
+               f"{off:.1e} relative, {off / max(noise, 1e-30):.0f}x the hooked float32 "
+               f"model's own {noise:.1e} (allowed {allowed:.1e}); the gradients ran through "
+               "the bridge")
+    clean.checked[key] = (plain, None) if ok else (None, why)
+    return (*clean.checked[key], got if ok else want)
+
+
+NOISE = 8  # how many times the hooked float32 pass's own rounding a replay may be off
+
+
+def _float64_pass(model, clean: Clean, mask: torch.Tensor) -> list[torch.Tensor]:
+    """[NLL, gradient] of the hooked model with heads scaled by `mask`, on `clean`'s window,
+    with the HF model's weights and buffers in float64 for the pass (cast back after)."""
+    from blockscope.interventions import applied, mask_heads
+    from blockscope.sweep import nll_from_logits
+
+    hf = model.original_model  # the bridge runs the HF modules' own weights
+    dtype = next(hf.parameters()).dtype
+    try:
+        hf.double()
+        with torch.enable_grad():
+            m = mask.detach().double().clone().requires_grad_(True)
+            with applied(model, mask_heads(m)):
+                logits = model(clean.chunk, return_type="logits")[0]  # (T, d_vocab) float64
+            nll = nll_from_logits(logits, clean.chunk, clean.window)
+            grad = torch.autograd.grad(nll.sum(), m)[0] * (m != 0)
+    finally:
+        hf.to(dtype)  # float32 -> float64 -> float32 is exact
+    return [nll.detach(), grad]

@@ -27,12 +27,13 @@ class ChunkedNLL(torch.autograd.Function):
         lse = _logsumexp(h, weight, bias, None, keep=blocks)  # (R,)
         ctx.save_for_backward(weight, targets, lse)
         ctx.blocks = blocks
-        return lse - _target_logits(h, weight, bias, targets, None)
+        return lse - _target_logits(h, weight, bias, targets, None).double()
 
     @staticmethod
     def backward(ctx, grad_out):
         weight, targets, lse = ctx.saved_tensors
         blocks, ctx.blocks = ctx.blocks, None
+        lse, grad_out = lse.float(), grad_out.float()  # the float32 softmax is exact enough
         grad = weight.new_zeros(grad_out.shape[0], weight.shape[1])  # (R, d_model)
         for part, s in zip(blocks, range(0, weight.shape[0], VOCAB_CHUNK), strict=True):
             p = part.sub_(lse[:, None]).exp_().mul_(grad_out[:, None])  # softmax * grad_out
@@ -71,7 +72,7 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
     weight, bias = linear.weight, linear.bias  # (d_vocab, d_model), (d_vocab,) or None
     lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap)
                      for r in range(0, h.shape[0], ROW_BLOCK)])  # (B n_scored,)
-    return (lse - _target_logits(h, weight, bias, targets, softcap).float()).view(B, n)
+    return (lse - _target_logits(h, weight, bias, targets, softcap).double()).view(B, n)
 
 
 def _target_logits(h, weight, bias, targets, softcap) -> torch.Tensor:
@@ -88,10 +89,11 @@ ROW_BLOCK = 1024  # rows per unembedding pass (see VOCAB_CHUNK); blocks, not all
 
 def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
                keep: list | None = None) -> torch.Tensor:
-    """logsumexp over the vocabulary of h (R, d_model) @ weight.T (+ bias), softcapped, in
-    float32, one VOCAB_CHUNK at a time: a running max and sum, the chunk exponentiated in
-    place (no temporaries the size of the chunk), or, with `keep`, each chunk's logits
-    appended to it and a copy exponentiated."""
+    """logsumexp (R,) float64 over the vocabulary of h (R, d_model) @ weight.T (+ bias),
+    softcapped, one VOCAB_CHUNK at a time: float32 logits, a running max and a float64 sum
+    of their exponentials (as `sweep.nll_of`), the chunk exponentiated in place (no
+    temporaries the size of the chunk), or, with `keep`, each chunk's logits appended to it
+    and a copy exponentiated."""
     top = total = None
     for s in range(0, weight.shape[0], VOCAB_CHUNK):
         part = h @ weight[s : s + VOCAB_CHUNK].T  # (R, chunk)
@@ -104,11 +106,11 @@ def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
             part = part - m[:, None]
         else:
             part.sub_(m[:, None])
-        here = part.exp_().sum(-1)  # (R,)
+        here = part.exp_().sum(-1, dtype=torch.float64)  # (R,)
         if top is None:
             top, total = m, here
         else:
             new = torch.maximum(top, m)
-            total = total * torch.exp(top - new) + here * torch.exp(m - new)
+            total = total * torch.exp(top - new).double() + here * torch.exp(m - new).double()
             top = new
-    return top + total.log()
+    return top.double() + total.log()
