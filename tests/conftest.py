@@ -5,6 +5,9 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports huggingface_hub
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["PIP_NO_INDEX"] = "1"  # a fetch that slipped through fails at once, offline
+_home = __import__("tempfile").mkdtemp(prefix="blockscope-home-")
+os.environ["BLOCKSCOPE_HOME"] = _home  # never the user's cache; no model fetched there
 
 import random  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -185,7 +185,7 @@ def test_progress_shows_size_and_eta_when_piped(run, tiny_dir, tmp_path):
               "--out-dir", tmp_path, "--no-plot")
     assert res.exit_code == 0, res.output
     assert "60 tokens + BOS of alice.txt, 1 window of up to 128" in res.stderr
-    assert "ablating blocks: 4/4" in res.stderr and "left" in res.stderr
+    assert "skipping each block: 4/4" in res.stderr and "left" in res.stderr
 
 
 def test_float16_on_the_cpu_is_warned_and_named(run, tiny_dir, tmp_path):

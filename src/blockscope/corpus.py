@@ -175,7 +175,17 @@ def passage_docs(passage, tokenizer, source: Source, comm: Comm | None = None) -
     mine = comm.owns(0)
     return Docs([ids] if mine else [], [0] if mine else [], "chunk", comm,
                 {"path": str(passage.path), "sha256": passage.sha256,
-                 "n_tokens": int(ids.shape[-1]) - int(source.prepend_bos)})
+                 "n_tokens": int(ids.shape[-1]) - int(source.prepend_bos),
+                 "token_ids": ids_record(ids[0])})
+
+
+def ids_record(ids: torch.Tensor, n: int = 8) -> dict:
+    """What a sidecar records of the token ids a figure scored (BOS included): their count,
+    sha256 (int64 little-endian) and the first and last few, so anyone can recompute it."""
+    values = ids.tolist()
+    return {"n": len(values), "first": values[:n], "last": values[-n:],
+            "sha256": hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest(),
+            "sha256_of": "the ids, BOS included, as int64 little-endian"}
 
 
 def _first_line(exc: Exception) -> str:

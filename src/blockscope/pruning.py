@@ -131,3 +131,16 @@ def prunable(curve: pd.DataFrame, tolerance: float) -> pd.Series:
     out = (rows["ratio"] > 1 + tolerance).to_numpy()
     first_out = int(out.argmax()) if out.any() else len(rows)
     return rows.iloc[max(first_out - 1, 0)]
+
+
+def band_exit(curve: pd.DataFrame, tolerance: float) -> dict | None:
+    """The step at which the curve first leaves the band, and how many heads that one step
+    removed (the headline's resolution); None if it never leaves."""
+    rows = curve.sort_values("heads_removed", kind="stable").reset_index(drop=True)
+    out = (rows["ratio"] > 1 + tolerance).to_numpy()
+    if not out.any():
+        return None
+    i = int(out.argmax())
+    before = int(rows.loc[i - 1, "heads_removed"]) if i else 0
+    return {"step": int(rows.loc[i, "step"]), "removed": int(rows.loc[i, "heads_removed"])
+            - before, "ratio": float(rows.loc[i, "ratio"])}

@@ -27,6 +27,10 @@ class ModelSpec:
     device: str  # torch device string actually used
     dtype: str  # key of DTYPES
     processed: bool  # TransformerLens compatibility mode (folded norms, centred weights)
+    fetched: str | None = None  # a model blockscope fetches itself (fetch.MODELS), by name
+    fallback_from: str | None = None  # the default model that could not be had, if any
+    bos_token: str | None = None  # --bos-token: the BOS text to prepend instead of the
+    #   model's document-start token (text.choose_bos)
 
     @property
     def label(self) -> str:
@@ -79,17 +83,40 @@ def looks_like_path(name: str) -> bool:
             or name.count("/") >= 2)
 
 
+DEFAULT_MODEL = "gpt2"  # what runs when no --model is named, where it can be had
+OFFLINE_MODEL = "smollm2-135m"  # what runs instead where it cannot (fetch.MODELS)
+
+
 def spec_for(
-    name: str, *, device: str = "auto", dtype: str = "float32", processed: bool = False
+    name: str | None, *, device: str = "auto", dtype: str = "float32",
+    processed: bool = False, bos_token: str | None = None,
 ) -> ModelSpec:
-    """Resolve names without loading anything: fails fast on a bad device or dtype."""
+    """Resolve names without loading anything: fails fast on a bad device or dtype.
+
+    `name` None: GPT-2 small where it can be loaded (in the HF cache, or the hub
+    reachable), else the offline model, recorded as `fallback_from`. A name in
+    `fetch.MODELS` (and no folder of that name here) is the folder it is fetched into."""
+    from blockscope import fetch
+
     resolve_dtype(dtype)
     dev = resolve_device(device)
+    extra = dict(bos_token=bos_token)
+    if name is None:
+        from blockscope.loading import can_load
+
+        if can_load(DEFAULT_MODEL):
+            name = DEFAULT_MODEL
+        else:
+            name, extra["fallback_from"] = OFFLINE_MODEL, DEFAULT_MODEL
     path = Path(name).expanduser()
+    if name in fetch.MODELS and not path.exists():
+        return ModelSpec(name, str(fetch.model_dir(name)), True, dev, dtype, processed,
+                         fetched=name, **extra)
     if path.exists() or looks_like_path(name):
         if not path.exists():
             raise BlockscopeError(f"--model {name}: no such directory")
-        return ModelSpec(name, str(path.resolve()), True, dev, dtype, processed)
+        return ModelSpec(name, str(path.resolve()), True, dev, dtype, processed, **extra)
     from transformer_lens.tools.model_registry.registry_io import resolve_model_alias
 
-    return ModelSpec(name, resolve_model_alias(name) or name, False, dev, dtype, processed)
+    return ModelSpec(name, resolve_model_alias(name) or name, False, dev, dtype, processed,
+                     **extra)

@@ -81,6 +81,41 @@ def as_prompt(text: str) -> tuple[str, list[str]]:
     return text, stripped
 
 
+DOCUMENT_SEPARATORS = ("<|endoftext|>",)  # what pretraining corpora put between documents
+
+
+def choose_bos(tokenizer, override: str | None = None) -> dict:
+    """Make the tokenizer's BOS the token the model saw at document starts, and say which.
+
+    `override` (--bos-token): that token, which must be one token of the vocabulary.
+    Otherwise the tokenizer's own BOS, unless its chat template writes it (a chat-turn
+    marker, such as SmolLM2's `<|im_start|>`) and the vocabulary has a document separator
+    (`<|endoftext|>`): then that. Returns {id, text, reason} for the sidecars; the tokenizer's
+    `bos_token` is set to it, so every command and TransformerLens prepend the same token."""
+    if override is not None:
+        ids = tokenizer.encode(override, add_special_tokens=False)
+        if len(ids) != 1:
+            raise BlockscopeError(f"--bos-token {override!r} is {len(ids)} tokens of this "
+                                  "model's tokenizer, not one")
+        text, reason = tokenizer.convert_ids_to_tokens(ids[0]), "given with --bos-token"
+    else:
+        text = tokenizer.bos_token
+        template = getattr(tokenizer, "chat_template", None) or ""
+        vocab = tokenizer.get_vocab()
+        separator = next((s for s in DOCUMENT_SEPARATORS if s in vocab and s != text), None)
+        if text is None:
+            return {"id": None, "text": None, "reason": "the tokenizer has no BOS token"}
+        if text in template and separator is not None:
+            text, reason = separator, (
+                f"the tokenizer's BOS {tokenizer.bos_token!r} marks a chat turn (its chat "
+                f"template writes it); {separator!r}, the document separator, is what the "
+                "model saw at document starts in pretraining")
+        else:
+            reason = "the tokenizer's BOS token"
+    tokenizer.bos_token = text
+    return {"id": int(tokenizer.bos_token_id), "text": text, "reason": reason}
+
+
 def tokenize(
     tokenizer, text: str, *, prepend_bos: bool, max_tokens: int | None = None
 ) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from blockscope.cli.common import (
+    BosTokenOpt,
     DeviceOpt,
     Dtype,
     DtypeOpt,
@@ -60,8 +61,8 @@ class Method(str, Enum):
 BosOpt = Annotated[
     bool,
     flag(
-        help="Prepend the BOS token (GPT-2's <|endoftext|>, the document separator it was "
-        "trained with), so the first word is predicted too. TransformerLens's default."
+        help="Prepend BOS (the token the model saw at document starts; see --bos-token), so "
+        "the first word is predicted too. TransformerLens's default."
     ),
 ]
 MaxTokensOpt = Annotated[
@@ -105,12 +106,13 @@ def ablate(
     shuffle: ShuffleOpt = False,
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,
-    model: ModelOpt = "gpt2",
+    model: ModelOpt = None,
     part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block,
     method: MethodOpt = Method.zero,
     max_tokens: MaxTokensOpt = None,
     stride: StrideOpt = None,
     prepend_bos: BosOpt = True,
+    bos_token: BosTokenOpt = None,
     engine: EngineOpt = Engine.cached,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
@@ -135,11 +137,15 @@ def ablate(
                        revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
                        seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
     run = corpus_run(source, model, device=device, dtype=dtype.value, stride=stride,
-                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet)
+                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
+                     bos_token=bos_token)
     spec, lm = run.spec, run.model
     show = not quiet and run.comm.writes
     sweep_started = time.perf_counter()
-    with progress_bar(err, lm.cfg.n_layers + 1, "ablating blocks", show) as step:
+    what = {"block": "skipping each block", "attn": "removing each block's attention",
+            "mlp": "removing each block's MLP"}[part.value]
+    what += " (mean)" if method is Method.mean else ""
+    with progress_bar(err, lm.cfg.n_layers + 1, what, show) as step:
         df = experiment.block_ablation(
             lm, run.docs, part=part.value, method=method.value, stride=stride,
             engine=engine.value, batch_size=batch_size, progress=step,
@@ -165,9 +171,11 @@ def ablate(
         method=method.value,
         engine=engine.value,
         **engine_record(df),
-        block_metrics="cosine of each block's input and output per token (all but the first "
-        "token of each document): block_influence = 1 - mean cos (ShortGPT), "
-        "angular_distance = mean arccos(cos)/pi (Gromov et al.)",
+        block_metrics=("cosine of each block's input and output" if part is Part.block else
+                       f"cosine of what the {part.value} half reads and the stream after its "
+                       "write (input + the half's write)")
+        + " per token (all but the first token of each document): block_influence = 1 - mean "
+        "cos (ShortGPT), angular_distance = mean arccos(cos)/pi (Gromov et al.)",
         spearman_with_delta=correlations,
         uncertainty=uncertainty,
         sweep_s=round(sweep_s, 3),
@@ -178,10 +186,10 @@ def ablate(
     if plot:
         from blockscope.plots import ablation_plot
 
-        what = {"block": "each block skipped", "attn": "each block's attention removed",
-                "mlp": "each block's MLP removed"}[part.value]
+        shown = {"block": "each block skipped", "attn": "each block's attention removed",
+                 "mlp": "each block's MLP removed"}[part.value]
         extra[f"{stem}.png"] = ablation_plot(
-            df, f"{spec.label} on {run.describe()}: perplexity with {what}"
+            df, f"{spec.label} on {run.describe()}: perplexity with {shown}"
             f"{' (mean)' if method is Method.mean else ''}")
     write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
 

