@@ -80,7 +80,7 @@ def block_ablation(
     prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names)
     variants = [Variant({"layer": i, "part": part, "method": method},
                         (Edit(part, i, _fill(prepared.means, i, part)),)) for i in layers]
-    similarity = BlockSimilarity(n_layers)  # from the clean passes either engine runs
+    similarity = BlockSimilarity(n_layers, part)  # from the clean passes either engine runs
     df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
                   batch_size=batch_size, progress=progress, ci=ci, on_clean=similarity.add)
     similarity = similarity.joined(docs.comm)

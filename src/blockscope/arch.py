@@ -106,6 +106,23 @@ def layout(model) -> Layout:
     )
 
 
+def block_parts(model) -> dict:
+    """What a block's norms and MLP are, for notes that must not be GPT-2's on every model:
+    `norm` (TransformerLens's normalization_type: LN centres and shifts, RMS does neither),
+    `gated` (the adapter maps an MLP gate: act(gate) x up), `act` (the HF config's
+    activation, else TransformerLens's act_fn), `width` (d_mlp / d_model)."""
+    config, cfg = hf_config(model), model.cfg
+    act = next((getattr(config, k) for k in ("hidden_act", "activation_function",
+                                             "hidden_activation")
+                if isinstance(getattr(config, k, None), str)), None)
+    if act is None and getattr(config, "model_type", None) == "bloom":
+        act = "gelu (BLOOM's tanh approximation)"  # hard-coded in HF's BloomMLP
+    return {"norm": "RMS" if "RMS" in str(cfg.normalization_type or "") else "LN",
+            "gated": "gate" in model.blocks[0].mlp._modules,
+            "act": act or str(getattr(cfg, "act_fn", "unknown")),
+            "width": layout(model).d_mlp / cfg.d_model}
+
+
 def _d_mlp(config, d_model: int) -> int:
     for key in ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"):
         value = getattr(config, key, None)

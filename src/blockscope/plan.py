@@ -246,8 +246,10 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
 
 def _reference(model, ids, wins) -> list[clean.Clean]:
     """The naive loop's clean passes: its baseline forward (`sweep.token_nll`'s full logits),
-    each block's input kept as it goes by."""
-    return [clean.clean_pass(model, ids, w, reference=True) for w in wins]
+    each block's input and the points between its halves (`clean.kept_names`) kept as it
+    goes by."""
+    names = clean.kept_names(arch.layout(model), model.cfg.n_layers, z=False)
+    return [clean.clean_pass(model, ids, w, names, reference=True) for w in wins]
 
 
 def _nll_of(passes: list[clean.Clean]) -> torch.Tensor:

@@ -15,7 +15,7 @@ from blockscope.errors import BlockscopeError
 # (tensor, hook under blocks.{b}., dims, note)
 POINTS = [
     ("residual in", "hook_resid_pre", "pos d_model", "the stream entering the block"),
-    ("ln1 out", "ln1.hook_out", "pos d_model", "layer norm 1: normalized, scaled, shifted"),
+    ("ln1 out", "ln1.hook_out", "pos d_model", "{norm1}"),
     ("q", "attn.hook_q", "pos n_heads d_head", "a query per token per head"),
     ("k", "attn.hook_k", "pos n_heads d_head", "a key per token per head"),
     ("v", "attn.hook_v", "pos n_heads d_head", "a value per token per head"),
@@ -27,10 +27,9 @@ POINTS = [
     ("attention out", "hook_attn_out", "pos d_model",
      "the heads concatenated and projected by W_O"),
     ("residual mid", "hook_resid_mid", "pos d_model", "residual in + attention out"),
-    ("ln2 out", "ln2.hook_out", "pos d_model", "layer norm 2 on the mid stream"),
-    ("MLP hidden, before activation", "mlp.hook_pre", "pos d_mlp", "after W_in (4 x wider)"),
-    ("MLP hidden, after activation", "mlp.hook_post", "pos d_mlp",
-     "after the activation (GELU; gate * act(gate) x up in a gated MLP)"),
+    ("ln2 out", "ln2.hook_out", "pos d_model", "{norm2}, on the mid stream"),
+    ("MLP hidden, before activation", "mlp.hook_pre", "pos d_mlp", "{pre}"),
+    ("MLP hidden, after activation", "mlp.hook_post", "pos d_mlp", "{post}"),
     ("MLP out", "hook_mlp_out", "pos d_model", "projected back to d_model by W_out"),
     ("residual out", "hook_resid_post", "pos d_model", "residual mid + MLP out"),
 ]
@@ -40,12 +39,14 @@ def points(model) -> list[tuple[str, str, str, str]]:
     """POINTS as this model's layout has them: a point it lacks is left out (a parallel block
     has no mid residual, OLMo 2 no pre-sublayer norms), an MoE's expert hidden states are
     not one tensor (left out), and grouped-query K/V have their own head count."""
-    from blockscope.arch import layout
+    from blockscope.arch import block_parts, layout
 
     lay = layout(model)
     moe = type(model.blocks[0].mlp).__name__ == "MoEBridge"
+    notes = _part_notes(block_parts(model))
     out = []
     for tensor, hook, dims, note in POINTS:
+        note = note.format(**notes)
         if f"blocks.0.{hook}" not in model.hook_dict or (moe and hook.startswith("mlp.hook_")):
             continue
         if hook in ("attn.hook_k", "attn.hook_v") and lay.n_key_value_heads != model.cfg.n_heads:
@@ -53,6 +54,23 @@ def points(model) -> list[tuple[str, str, str, str]]:
             note += f" (shared by {model.cfg.n_heads // lay.n_key_value_heads} query heads)"
         out.append((tensor, hook, dims, note))
     return out
+
+
+def _part_notes(parts: dict) -> dict:
+    """The notes that depend on the norm and MLP the model has (`arch.block_parts`)."""
+    width = f"{parts['width']:.3g} x d_model"
+    name, what = (("layer norm", "centred, divided by the standard deviation, scaled and "
+                   "shifted") if parts["norm"] == "LN" else
+                  ("RMS norm", "divided by the root mean square and scaled (no centring, no "
+                   "shift)"))
+    if parts["gated"]:
+        pre = f"the gate's projection, {width} wide (the up projection has the same shape)"
+        post = f"act(gate) x up, act = {parts['act']}"
+    else:
+        pre = f"after W_in, {width} wide"
+        post = f"after the activation ({parts['act']})"
+    return {"norm1": f"{name} 1: {what}", "norm2": f"{name} 2: {what}", "pre": pre,
+            "post": post}
 
 
 def block_shapes(model, tokens: torch.Tensor, *, block: int = 0) -> pd.DataFrame:

@@ -1,7 +1,11 @@
 """Cheap block-importance metrics from the clean pass, as in the layer-pruning literature.
 
 For block k with input x (its `hook_resid_pre`) and output y (its `hook_resid_post`), per
-token t: cos_t = x_t . y_t / (|x_t| |y_t|).
+token t: cos_t = x_t . y_t / (|x_t| |y_t|). For one half (`part` attn or mlp), x is what
+that half reads from the stream and y = x + the half's write: `hook_resid_pre` and
+`hook_resid_mid` for attention, `hook_resid_mid` and `hook_resid_post` for the MLP of a
+sequential block; the block's input and input + `hook_attn_out` (or `hook_mlp_out`) for a
+parallel block's.
 - Block Influence (ShortGPT, Men et al. 2024): 1 - mean_t cos_t.
 - Angular distance (Gromov et al. 2024): mean_t arccos(cos_t) / pi.
 Both are averaged over every token of the passage except the first (BOS when prepended,
@@ -21,7 +25,8 @@ from blockscope.clean import Clean
 class BlockSimilarity:
     """Accumulates the per-token cosines of each block's input and output over windows."""
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, part: str = "block"):
+        self.part = part
         self.cos_sum = torch.zeros(n_layers, dtype=torch.float64)
         self.angle_sum = torch.zeros(n_layers, dtype=torch.float64)
         self.count = 0
@@ -29,11 +34,21 @@ class BlockSimilarity:
     def add(self, clean: Clean) -> None:
         lo = clean.window.first_target - clean.window.begin  # positions newly scored here
         for k in range(len(self.cos_sum)):
-            x, y = clean.pre[k][0, lo:].double(), clean.pre[k + 1][0, lo:].double()
+            x, y = (v[0, lo:].double() for v in self.pair(clean, k))
             cos = torch.nn.functional.cosine_similarity(x, y, dim=-1).clamp(-1, 1)  # (n,)
             self.cos_sum[k] += cos.sum().cpu()
             self.angle_sum[k] += (torch.arccos(cos) / math.pi).sum().cpu()
         self.count += clean.pre[0].shape[1] - lo
+
+    def pair(self, clean: Clean, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the removed part reads, what the stream holds after its write), (1, T, d)."""
+        if self.part == "block":
+            return clean.pre[k], clean.pre[k + 1]
+        mid = clean.acts.get(f"blocks.{k}.hook_resid_mid")
+        if mid is not None:  # sequential: the mid point between the halves
+            return (clean.pre[k], mid) if self.part == "attn" else (mid, clean.pre[k + 1])
+        write = clean.act("hook_attn_out" if self.part == "attn" else "hook_mlp_out", k)
+        return clean.pre[k], clean.pre[k] + write  # parallel: both halves read the input
 
     def joined(self, comm) -> BlockSimilarity:
         """The sums of every process (`parallel.Comm`) in one."""
@@ -41,7 +56,7 @@ class BlockSimilarity:
 
         parts = total(comm, {"cos": self.cos_sum, "angle": self.angle_sum,
                              "count": torch.tensor(float(self.count), dtype=torch.float64)})
-        out = BlockSimilarity(len(self.cos_sum))
+        out = BlockSimilarity(len(self.cos_sum), self.part)
         out.cos_sum, out.angle_sum, out.count = parts["cos"], parts["angle"], float(parts["count"])
         return out
 
