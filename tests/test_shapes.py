@@ -37,3 +37,12 @@ def test_gpt2_small_width_gives_the_articles_shapes(tmp_path):
     assert shapes["attention scores"] == shapes["attention pattern"] == "12 x 5 x 5"
     assert shapes["MLP hidden, before activation"] == "5 x 3072"
     assert df["matches"].all()
+
+
+def test_notes_are_read_off_the_model(tiny):
+    import torch
+
+    notes = block_shapes(tiny, torch.tensor([[1, 2, 3]])).set_index("tensor")["note"]
+    assert notes["ln1 out"].startswith("layer norm 1: centred")
+    assert "4 x d_model" in notes["MLP hidden, before activation"]
+    assert notes["MLP hidden, after activation"] == "after the activation (gelu_new)"

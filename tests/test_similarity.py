@@ -76,3 +76,24 @@ def test_spearman():
     # ties get average ranks: ranks (1.5, 1.5, 3) vs (1, 2, 3)
     assert spearman(pd.Series([5, 5, 9]), pd.Series([1, 2, 3])) == pytest.approx(
         0.8660254, rel=1e-6)
+
+
+@pytest.mark.parametrize("part,engine", [("attn", "cached"), ("mlp", "naive")])
+def test_a_halfs_metrics_are_its_own(tiny, hf, alice_text, part, engine):
+    """--part attn|mlp: what the half reads against that plus its write, from HF hooks on
+    the attention module's output (GPT-2: resid_mid = input + attn output)."""
+    ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=60)
+    df = block_ablation(tiny, ids, part=part, engine=engine)
+    ins, outs = hf_block_io(hf, ids)
+    attn_out, handles = [], [b.attn.register_forward_hook(
+        lambda m, a, o: attn_out.append(o[0])) for b in hf.transformer.h]
+    with torch.no_grad():
+        hf(ids, use_cache=False)
+    for h in handles:
+        h.remove()
+    for k in range(3):
+        mid = ins[k] + attn_out[k]
+        x, y = (ins[k], mid) if part == "attn" else (mid, outs[k])
+        cos = torch.nn.functional.cosine_similarity(x[0, 1:].double(), y[0, 1:].double(), -1)
+        row = df[df["layer"] == k].iloc[0]
+        assert row["block_influence"] == pytest.approx(1 - cos.mean().item(), rel=1e-5)
