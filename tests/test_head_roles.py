@@ -122,9 +122,12 @@ def test_attention_csv_sums_to_one_and_is_causal(tiny_dir, tmp_path):
     sums = df.groupby(["layer", "head", "query_pos"])["weight"].sum()
     assert sums.to_numpy() == pytest.approx(1.0, abs=1e-6)
     assert (df[df["key_pos"] > df["query_pos"]]["weight"] == 0).all()
-    assert df[df["query_pos"] == 0]["query_token"].iloc[0] == "<BOS>"
-    assert "␠capital" in set(df["query_token"])
-    assert "top-3 keys per query" in res.stdout
+    assert df[df["query_pos"] == 0]["query_token"].iloc[0] == "<|endoftext|>"  # BOS's text
+    assert " capital" in set(df["query_token"])  # the token's own text, not the table's ␠
+    assert "␠capital" in res.stdout and "top-3 keys per query" in res.stdout
+    first = res.stdout.split("top-3 keys per query")[1].splitlines()
+    bos_row = next(line for line in first if "<|endoftext|>" in line.split("│")[1])
+    assert "1:" not in bos_row  # the first query sees only itself: no masked key listed
     assert csv.with_suffix(".png").exists()
 
 

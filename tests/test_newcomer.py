@@ -266,3 +266,38 @@ def test_toy_model_writes_a_loadable_checkpoint_once(run, tmp_path):
              "--out-dir", tmp_path / "o", "--no-plot", "-q")
     assert ok.exit_code == 0, ok.output
     one_line(run("toy-model", tmp_path / "toy"), "exists and is not an empty directory")
+
+
+def test_usage_errors_are_one_line_with_the_choices(monkeypatch, capsys):
+    """Typos and bad choices: one `error:` line and exit 2, not Click's usage box."""
+    import sys
+
+    from blockscope.cli import _run
+
+    for argv, said in ((["ablate", "--part", "atn"], "'atn' is not one of 'block'"),
+                       (["ablate", "--max-token", "100"], "--max-tokens"),
+                       (["ablate", "--dtype", "float64"], "'float32'"),
+                       (["layernorm", "1", "abc"], "valid number")):
+        monkeypatch.setattr(sys, "argv", ["blockscope", *argv])
+        assert _run() == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
+
+
+def test_second_round_of_newcomer_defects(run, tiny_dir, tmp_path):
+    from blockscope.cli import _negative_numbers_hint
+
+    huge = run("layernorm", "--out-dir", tmp_path, "--", "1e300", "2e300")
+    assert huge.exit_code == 1 and "beyond float64" in huge.stderr  # not [0, 0] and exit 0
+    big = run("layernorm", "--out-dir", tmp_path, "--", "1e150", "3e150")
+    assert big.exit_code == 0 and "-1.000" in big.stdout and "1.000" in big.stdout
+    _negative_numbers_hint(["layernorm", "--eps", "-1", "1", "1"])  # the value of --eps: no hint
+    typo = run("ablate", "--dataset", "corp/nosuch.jsonl", "--model", tiny_dir)
+    assert typo.exit_code == 1 and "no such file or directory" in typo.stderr
+    assert "Hub" not in typo.stderr
+    norms = run("resid-norm", "The capital of France is", "--model", tiny_dir, "--no-plot",
+                "--out-dir", tmp_path)
+    assert "growth: after block 3 the norm is" in norms.stdout
+    roles = run("head-roles", "--model", tiny_dir, "--text", ALICE, "--no-plot", "--out-dir",
+                tmp_path)  # a 128-token context, the default 200 tokens: cut to fit
+    assert roles.exit_code == 0, roles.output

@@ -18,18 +18,19 @@ def png_pixels(data: bytes):
     return mpimg.imread(io.BytesIO(data), format="png")
 
 
-@pytest.mark.parametrize("args, name", [
-    (["ablate", "--text", ALICE, "--max-tokens", 30], "ablate-tiny-gpt2-alice.png"),
-    (["resid-norm", "The capital of France is", "--all-positions"], "resid-norm-tiny-gpt2.png"),
+@pytest.mark.parametrize("args, name, size", [
+    (["ablate", "--text", ALICE, "--max-tokens", 30], "ablate-tiny-gpt2-alice.png", (540, 960)),
+    (["resid-norm", "The capital of France is", "--all-positions"], "resid-norm-tiny-gpt2.png",
+     (540, 1080)),
     (["prune-heads", "--text", ALICE, "--max-tokens", 20, "--step", 0.5, "--order", "random",
-      "--order", "gradient"], "prune-heads-tiny-gpt2-alice.png"),
+      "--order", "gradient"], "prune-heads-tiny-gpt2-alice.png", (576, 1440)),
 ])
-def test_commands_write_a_valid_png(tiny_dir, tmp_path, args, name):
+def test_commands_write_a_valid_png(tiny_dir, tmp_path, args, name, size):
     res = CliRunner().invoke(app, [*map(str, args), "--model", str(tiny_dir),
                                    "--out-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
     pixels = png_pixels(result(tmp_path, name).read_bytes())
-    assert pixels.shape[0] > 300 and pixels.shape[1] > 500
+    assert pixels.shape[:2] == size  # figsize x 120 dpi (it was 100 by mistake for a while)
     assert pixels.std() > 0  # not a blank canvas
 
 

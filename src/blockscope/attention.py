@@ -9,7 +9,7 @@ import torch
 
 from blockscope.errors import BlockscopeError
 from blockscope.head_roles import patterns
-from blockscope.text import token_labels
+from blockscope.text import token_text, visible
 
 
 def check_heads(model, layers: Sequence[int], heads: Sequence[int] | None) -> list[int]:
@@ -26,13 +26,13 @@ def check_heads(model, layers: Sequence[int], heads: Sequence[int] | None) -> li
 
 
 def attention_table(model, tokens: torch.Tensor, *, layers: Sequence[int],
-                    heads: Sequence[int] | None = None, bos: bool = False) -> pd.DataFrame:
+                    heads: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (layer, head, query position, key position), every key position
     included (zero above the diagonal): `layer, head, query_pos, query_token, key_pos,
-    key_token, weight`. `bos`: whether position 0 is the BOS the tokenizer prepended."""
+    key_token, weight`, each token as its own text (a prepended BOS as the BOS token's)."""
     heads = check_heads(model, layers, heads)
     pats = patterns(model, tokens)  # (n_layers, n_heads, T, T)
-    labels = token_labels(model.tokenizer, tokens[0].tolist(), bos=bos)
+    labels = [token_text(model.tokenizer, i) for i in tokens[0].tolist()]  # the real text
     T = tokens.shape[-1]
     q = torch.arange(T).repeat_interleave(T)  # (T*T,)
     k = torch.arange(T).repeat(T)
@@ -48,11 +48,12 @@ def attention_table(model, tokens: torch.Tensor, *, layers: Sequence[int],
 
 
 def top_keys(df: pd.DataFrame, layer: int, head: int, k: int = 3) -> list[tuple[str, list]]:
-    """Per query token of one head: its k most attended (key label, weight)."""
-    one = df[(df["layer"] == layer) & (df["head"] == head)]
+    """Per query token of one head: its k most attended (key label, weight), among the keys
+    it can see (a causal mask hides the later ones)."""
+    one = df[(df["layer"] == layer) & (df["head"] == head) & (df["key_pos"] <= df["query_pos"])]
     out = []
     for (_, label), rows in one.groupby(["query_pos", "query_token"], sort=True):
         best = rows.sort_values("weight", ascending=False, kind="stable").head(k)
-        out.append((label, [(f"{r.key_pos}:{r.key_token}", float(r.weight))
+        out.append((visible(label), [(f"{r.key_pos}:{visible(r.key_token)}", float(r.weight))
                             for r in best.itertuples()]))
     return out

@@ -12,6 +12,7 @@ scored alone, with BOS before it when asked.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,10 @@ def check(source: Source) -> None:
             raise BlockscopeError(f"{only[0]} goes with --dataset, not --text")
     elif source.max_tokens is not None:
         raise BlockscopeError("--max-tokens cuts a --text; with --dataset give --n-tokens")
+    if source.dataset is not None and not Path(source.dataset).expanduser().exists() and (
+            Path(source.dataset).suffix.lower() in FILE_BUILDERS
+            or source.dataset.startswith((".", "/", "~")) or source.dataset.count("/") >= 2):
+        raise BlockscopeError(f"--dataset {source.dataset}: no such file or directory")
     for name, value in (("--n-tokens", source.n_tokens), ("--n-docs", source.n_docs)):
         if value is not None and value < 1:
             raise BlockscopeError(f"{name} must be at least 1 (got {value})")
@@ -109,7 +114,8 @@ def _open(source: Source):
     import pyarrow
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    if not os.environ.get("BLOCKSCOPE_DEBUG"):  # its own "Failed to load JSON ..." lines
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)
     path = Path(source.dataset).expanduser()
     local = path.exists()
     record = {"source": source.dataset, "config": source.config, "column": source.column}

@@ -40,10 +40,14 @@ def layer_norm_steps(
         if not torch.isfinite(t).all():
             raise BlockscopeError(f"the {name} holds nan or inf: layer norm needs finite "
                                   "numbers")
-    mean = v.mean()
+    scale = v.abs().max().clamp_min(1e-300)  # worked in units of the largest magnitude,
+    mean = (v / scale).mean() * scale  # so nothing overflows on the way
     centred = v - mean
-    var = (centred**2).mean()
+    var = ((centred / scale) ** 2).mean() * scale**2
     std = torch.sqrt(var + eps)
+    if not torch.isfinite(std):
+        raise BlockscopeError(f"the variance of these numbers (about {float(scale):.0e} "
+                              "squared) is beyond float64's range: scale them down")
     normalized = centred / std
     output = normalized * g + b
     reference = torch.nn.functional.layer_norm(v, (len(v),), weight=g, bias=b, eps=eps)

@@ -18,14 +18,16 @@ DPI = 120
 
 def _subplots(*layout: int, figsize: tuple[float, float], squeeze: bool = True):
     """(fig, axes) as `pyplot.subplots(*layout, ...)` gives them, at DPI, without pyplot."""
-    fig = Figure(figsize=figsize)
+    fig = Figure(figsize=figsize, dpi=DPI)  # 8 x 4.5 in: 960 x 540 pixels
     return fig, fig.subplots(*layout, squeeze=squeeze)
 
 
-def _drawable(label: str) -> str:
-    """A token label in the plot font, which has no '\u2420' (the visible space of the
-    tables): a middle dot instead."""
-    return str(label).replace("\u2420", "\u00b7")
+def _drawable(text: str) -> str:
+    """A token's text in the plot font, whitespace visible: the tables' '\u2420' is not in
+    it, so a middle dot stands for a space."""
+    from blockscope.text import visible
+
+    return visible(text).replace("\u2420", "\u00b7")
 
 
 class _PlainLog(LogFormatter):

@@ -46,7 +46,8 @@ def head_role_checks(model, settings: dict) -> pd.DataFrame:
 
     s = settings["head_roles"]
     text = read_passage(s.get("text", "data/alice.txt")).text
-    tokens = tokenize(model.tokenizer, text, prepend_bos=True, max_tokens=s.get("max_tokens", 200))
+    tokens = tokenize(model.tokenizer, text, prepend_bos=True,
+                      max_tokens=s.get("max_tokens", 200))[:, : model.cfg.n_ctx]  # fits
     scores = hr.role_scores(model, tokens, hr.repeated_random(model, s.get("n_random", 50),
                                                               s.get("seed", 0)))
     rows = []

@@ -16,7 +16,7 @@ import torch
 
 from blockscope.arch import layout, stream_points
 from blockscope.errors import BlockscopeError
-from blockscope.text import token_label
+from blockscope.text import token_text
 
 
 def resid_norms(
@@ -45,7 +45,7 @@ def resid_norms(
         norms = cache[name][0, idx].float().norm(dim=-1)  # (n_positions,)
         for p, norm in zip(idx, norms.tolist(), strict=True):
             rows.append({"after": label, "layer": layer, "hook": name, "position": p,
-                         "token": token_label(model.tokenizer, int(tokens[0, p])),
+                         "token": token_text(model.tokenizer, int(tokens[0, p])),
                          "norm": norm})
     df = pd.DataFrame(rows)
     df["layer"] = df["layer"].astype("Int64")

@@ -160,16 +160,17 @@ def windows(n_tokens: int, n_ctx: int, stride: int) -> list[Window]:
     return out
 
 
+def token_text(tokenizer, token_id: int) -> str:
+    """A token's own text, as data files keep it (` is`, not the tables' `␠is`)."""
+    return tokenizer.decode([token_id])
+
+
+def visible(text: str) -> str:
+    """A token's text for a table or picture: spaces as '␠', newlines as '\\n', tabs as
+    '\\t' (an empty label would read as nothing)."""
+    return str(text).replace(" ", "␠").replace("\n", "\\n").replace("\t", "\\t") or "∅"
+
+
 def token_label(tokenizer, token_id: int) -> str:
-    """A token as text with its whitespace visible: spaces as '␠', newlines as '\\n',
-    tabs as '\\t' (an empty label would read as nothing)."""
-    text = tokenizer.decode([token_id])
-    return text.replace(" ", "␠").replace("\n", "\\n").replace("\t", "\\t") or "∅"
-
-
-def token_labels(tokenizer, ids: list[int], *, bos: bool = False) -> list[str]:
-    """Labels for a sequence: `<BOS>` at position 0 when it is the prepended BOS."""
-    labels = [token_label(tokenizer, i) for i in ids]
-    if bos and ids:
-        labels[0] = "<BOS>"
-    return labels
+    """`visible(token_text(...))`: a token as a table shows it."""
+    return visible(token_text(tokenizer, token_id))

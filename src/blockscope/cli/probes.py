@@ -153,12 +153,20 @@ def resid_norm(
     if not quiet:
         title = (f"{spec.label}, {'processed' if processed else 'raw'} weights, "
                  f"{'with' if prepend_bos else 'no'} BOS: residual stream norm")
-        out.print(table(df, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
+        from blockscope.text import visible
+
+        shown = df.assign(token=df["token"].map(visible))
+        out.print(table(shown, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
                              "position": ("pos", "d"),
                              "token": ("token", "s"), "norm": ("L2 norm", ",.1f"),
                              "ratio_to_embed": ("x embeddings", ".1f")}, title=title))
         if no_mid:
             out.print(no_mid, highlight=False, soft_wrap=True)
+        last = df[df["position"] == df["position"].max()]
+        out.print(f"growth: after block {lm.cfg.n_layers} the norm is "
+                  f"{last['ratio_to_embed'].iloc[-1]:,.1f} times the embeddings' "
+                  f"({last['norm'].iloc[0]:,.1f} -> {last['norm'].iloc[-1]:,.1f}, position "
+                  f"{int(last['position'].iloc[0])})", highlight=False, soft_wrap=True)
     meta = sidecar(command="resid-norm", positions=positions, family=lay.family,
                    mid_points=no_mid or "after each block's attention half (hook_resid_mid)",
                    **_common_meta(spec, lm, source, tokens, prepend_bos, started))

@@ -26,6 +26,7 @@ from blockscope.cli.common import (
     TextFileOpt,
     app,
     comma_list,
+    err,
     flag,
     handled,
     load,
@@ -36,7 +37,7 @@ from blockscope.cli.common import (
 from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
 
-AttnBosOpt = Annotated[bool, flag(help="Prepend the BOS token (marked <BOS>), as "
+AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
                                           "TransformerLens does by default.")]
 
 
@@ -45,8 +46,9 @@ AttnBosOpt = Annotated[bool, flag(help="Prepend the BOS token (marked <BOS>), as
 def head_roles(
     text: TextFileOpt = Path("data/alice.txt"),
     model: ModelOpt = None,
-    max_tokens: Annotated[int, typer.Option(help="Text tokens for the previous-token "
-                                            "score.")] = 200,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="Text tokens for the previous-token score (default 200, or what the model's "
+        "context holds after BOS).", show_default=False)] = None,
     n_random: Annotated[int, typer.Option(help="Random tokens, repeated once, for the "
                                           "duplicate-token and induction scores.")] = 50,
     seed: Annotated[int, typer.Option(help="Seed of the random tokens.")] = 0,
@@ -85,17 +87,23 @@ def head_roles(
     from blockscope.cli.data import corpus_run
     from blockscope.corpus import Source
 
-    run = corpus_run(Source(text=text, max_tokens=max_tokens), model, device=device,
+    run = corpus_run(Source(text=text, max_tokens=max_tokens or 200), model, device=device,
                      dtype=dtype.value, stride=None, out_dir=out_dir,
                      allow_pickle=allow_pickle, quiet=quiet, check=check,
                      bos_token=bos_token)
     lm, spec = run.model, run.spec
-    if run.tokens.shape[-1] > lm.cfg.n_ctx:
-        raise BlockscopeError(f"{run.tokens.shape[-1]} tokens, the model's context is "
-                              f"{lm.cfg.n_ctx:,}: lower --max-tokens")
+    tokens = run.tokens
+    if tokens.shape[-1] > lm.cfg.n_ctx:
+        if max_tokens is not None:
+            raise BlockscopeError(f"{tokens.shape[-1]} tokens, the model's context is "
+                                  f"{lm.cfg.n_ctx:,}: lower --max-tokens")
+        tokens = tokens[:, : lm.cfg.n_ctx]  # the default, cut to what the context holds
+        if not quiet:
+            err.print(f"note: the previous-token score uses the first {lm.cfg.n_ctx:,} "
+                      "tokens (the model's context)", highlight=False, soft_wrap=True)
     random_ids = experiment.repeated_random(lm, n_random, seed)
     joined = _prune_heads_csv(from_prune_heads, out_dir, spec, run.passage)  # before work
-    df = experiment.role_scores(lm, run.tokens, random_ids)
+    df = experiment.role_scores(lm, tokens, random_ids)
     corr = None
     if joined is not None:
         df, corr = experiment.join_importance(df, pd.read_csv(joined))
@@ -105,7 +113,7 @@ def head_roles(
     meta = run.meta(
         "head-roles", measure="mul: attention mass on the detection pattern / total mass "
         "(transformer_lens.head_detector), exclude_bos=False, exclude_current_token=False",
-        sequences={"previous_token": run.tokens[0].tolist(),
+        sequences={"previous_token": tokens[0].tolist(),
                    "duplicate_token and induction": random_ids[0].tolist()},
         n_random=n_random, seed=seed, joined_prune_heads=None if joined is None else str(joined),
         spearman=corr, top5={r: [f"{layer}.{head}" for layer, head, _ in t]
@@ -207,7 +215,7 @@ def attention(
     if tokens.shape[-1] > lm.cfg.n_ctx:
         raise BlockscopeError(f"{tokens.shape[-1]} tokens, the model's context is "
                               f"{lm.cfg.n_ctx:,}")
-    df = experiment.attention_table(lm, tokens, layers=layers, heads=heads, bos=prepend_bos)
+    df = experiment.attention_table(lm, tokens, layers=layers, heads=heads)
     if not quiet:
         render_attention(df, experiment, spec.label)
     meta = {"command": "attention", "model": model_record(spec, lm), "text": source,
