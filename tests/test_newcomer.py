@@ -301,3 +301,26 @@ def test_second_round_of_newcomer_defects(run, tiny_dir, tmp_path):
     roles = run("head-roles", "--model", tiny_dir, "--text", ALICE, "--no-plot", "--out-dir",
                 tmp_path)  # a 128-token context, the default 200 tokens: cut to fit
     assert roles.exit_code == 0, roles.output
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_tables_never_cut_a_number(width):
+    """params -m gpt3-175b | cat showed `1,207,959,55` and a `2` on the next line."""
+    from blockscope.loading import load_config
+    from blockscope.params import parameter_counts
+    from blockscope.render import fmt, table
+
+    df = parameter_counts(load_config("gpt3-175b"))
+    columns = {"component": ("component", "s"), "scope": ("scope", "s"),
+               "parameters": ("parameters", ",d"), "share_of_block": ("of block", ".1%"),
+               "share_of_model": ("of model", ".2%"),
+               "shortcut_error": ("shortcut error", "+.2%")}
+    console = Console(width=width, record=True, markup=False, file=io.StringIO())
+    console.print(table(df, columns, width=width))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= width
+    shown = text if width >= 80 else text.split("Left out")[0]
+    for value in df["parameters"]:
+        assert fmt(value, ",d") in shown  # whole, on one line
+    if width < 80:
+        assert "Left out at 60 columns: shortcut error" in " ".join(text.split())

@@ -36,15 +36,57 @@ def table(
     title: str | None = None,
     styles: dict[int, str] | None = None,
     caption: str | None = None,
-) -> Table:
-    """A Rich table of `df[columns]`; `columns` maps column -> (header, format spec)."""
+    width: int | None = None,
+) -> Fitted:
+    """A Rich table of `df[columns]`; `columns` maps column -> (header, format spec).
+
+    Laid out when printed, for the console's width (or `width`): no number or word is cut,
+    each column being at least as wide as its longest word (cells wrap only at spaces);
+    where the columns cannot all fit, the last ones are left out and the caption says
+    which. Only a single column narrower than one of its words is folded."""
+    cells = {c: [fmt(v, spec) for v in df[c]] for c, (_, spec) in columns.items()}
+    return Fitted(lambda w: _laid_out(cells, columns, w, title, styles or {}, caption), width)
+
+
+class Fitted:
+    """A renderable built for the width it is printed at."""
+
+    def __init__(self, build: Callable[[int], Table], width: int | None = None):
+        self.build, self.width = build, width
+
+    def __rich_console__(self, console, options):
+        yield self.build(self.width or options.max_width)
+
+
+def _laid_out(cells: dict, columns: dict, width: int, title, styles, caption) -> Table:
+    def need(c: str) -> int:
+        words = [w for text in [*cells[c], columns[c][0]] for w in text.split()]
+        return max(map(len, words), default=1)
+
+    kept = list(columns)
+    while len(kept) > 1 and sum(need(c) + 3 for c in kept) + 1 > width:
+        kept.pop()
+    left_out = [columns[c][0] for c in columns if c not in kept]
+    if left_out:
+        caption = ((caption + " ") if caption else "") + (
+            f"Left out at {width} columns: {', '.join(left_out)} (in the CSV; a wider "
+            "terminal or COLUMNS=120 shows them).")
+    longest = {c: max(map(len, [*cells[c], columns[c][0]]), default=1) for c in kept}
+    room = width - 3 * len(kept) - 1 - sum(need(c) for c in kept)
+    widths = None
+    if room >= 0 and sum(longest[c] + 3 for c in kept) + 1 > width:  # fit it here: Rich
+        want = {c: longest[c] - need(c) for c in kept}  # alone overshoots by a column or two
+        total = sum(want.values()) or 1
+        widths = {c: need(c) + want[c] * room // total for c in kept}
     t = Table(title=title, caption=caption)
-    for header, spec in columns.values():
-        t.add_column(header, justify="left" if spec == "s" else "right", overflow="fold")
-    styles = styles or {}
-    for i, row in enumerate(df.itertuples(index=False)):
-        rec = row._asdict()
-        t.add_row(*(fmt(rec[c], spec) for c, (_, spec) in columns.items()), style=styles.get(i))
+    for c in kept:
+        header, spec = columns[c]
+        t.add_column(header, justify="left" if spec == "s" else "right", overflow="fold",
+                     min_width=need(c) if room >= 0 else None,
+                     width=widths[c] if widths else None)
+    n_rows = len(next(iter(cells.values()), []))
+    for i in range(n_rows):
+        t.add_row(*(cells[c][i] for c in kept), style=styles.get(i))
     return t
 
 
