@@ -266,6 +266,13 @@ def test_toy_model_writes_a_loadable_checkpoint_once(run, tmp_path):
              "--out-dir", tmp_path / "o", "--no-plot", "-q")
     assert ok.exit_code == 0, ok.output
     one_line(run("toy-model", tmp_path / "toy"), "exists and is not an empty directory")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "toy").stat().st_mode) == 0o777 & ~mask  # not 0700
+    assert stat.S_IMODE((tmp_path / "toy" / "model.safetensors").stat().st_mode) == \
+        0o666 & ~mask  # not 0600
+    meta = json.loads(next((tmp_path / "o").glob("*.json")).read_text())
+    assert meta["model"]["provenance"]["random_weights"] is True  # said in every sidecar
 
 
 def test_usage_errors_are_one_line_with_the_choices(monkeypatch, capsys):

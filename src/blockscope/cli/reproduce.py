@@ -144,7 +144,16 @@ def reproduce(
     report = markdown(table, name, reference, best, headline, missing, pictures, other,
                       claims_section(model_claims, other) + roles_section(settings, roles, name)
                       + norm_section(settings, claims))
+    from blockscope.fetch import provenance
+
+    random_weights = bool(spec.is_local and (provenance(spec.source) or {}).get(
+        "random_weights"))
     if not quiet:
+        if random_weights:
+            out.print(styled("note: ", "yellow", f"{name} has random weights (blockscope "
+                             "toy-model): every figure of its weights differs from the "
+                             "article's by design; only the shapes, counts and layer norm can "
+                             "match"), highlight=False, soft_wrap=True)
         if other:
             out.print(styled("note: ", "yellow", f"measured on {name}, not the article's "
                              f"{article_model}: the figures of its weights are its own, set "

@@ -33,7 +33,9 @@ def params(
         ),
     ] = None,
     n_heads: Annotated[
-        int | None, typer.Option(help="Override the head count (it leaves the count unchanged).")
+        int | None, typer.Option(help="Rebuild the model with this many heads, to see that "
+                                 "splitting d_model into more or fewer heads leaves every "
+                                 "parameter count as it was.")
     ] = None,
     out_dir: OutDirOpt = Path("results"),
     plot: PlotOpt = True,

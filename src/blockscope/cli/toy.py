@@ -50,6 +50,18 @@ def toy_model(
     staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{directory.name}."))
     try:
         save_gpt2_checkpoint(staging, seed=seed, **(TINY if tiny else {}))
+        import json
+
+        from blockscope.fetch import PROVENANCE
+
+        (staging / PROVENANCE).write_text(json.dumps(
+            {"name": "toy-model", "random_weights": True, "seed": seed, "tiny": tiny},
+            indent=2) + "\n", encoding="utf-8")
+        mask = os.umask(0)
+        os.umask(mask)
+        staging.chmod(0o777 & ~mask)  # mkdtemp makes it 0700, safetensors 0600: the usual
+        for f in staging.iterdir():
+            f.chmod(0o666 & ~mask)
         if directory.exists():
             directory.rmdir()
         os.replace(staging, directory)
