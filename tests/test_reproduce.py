@@ -1,6 +1,7 @@
 """`reproduce`: the article's figures beside measurements, offline and with a model."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -180,3 +181,17 @@ def test_bad_reference(tmp_path):
     assert res.exit_code == 1 and "malformed" in res.stderr
     res = CliRunner().invoke(app, ["reproduce", "--reference", str(tmp_path / "none.toml")])
     assert res.exit_code == 1 and "no such file" in res.stderr
+
+
+def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
+    """After a plain `pip install .` there is no experiments/ folder: the packaged copy,
+    the same bytes as experiments/article.toml, is found from any folder."""
+    from blockscope import reproduce as rp
+
+    packaged = Path(rp.__file__).parent / "data" / "article.toml"
+    assert packaged.read_bytes() == (Path(rp.__file__).parents[2] / rp.DEFAULT_REFERENCE) \
+        .read_bytes()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rp, "SOURCE_TREE", tmp_path)  # no checkout around it
+    settings, figures = rp.load_reference(rp.DEFAULT_REFERENCE)
+    assert figures and Path(settings["ablate"]["text"]).is_file()

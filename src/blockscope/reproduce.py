@@ -59,17 +59,23 @@ class Figure:
 
 
 DEFAULT_REFERENCE = Path("experiments/article.toml")
+SOURCE_TREE = Path(__file__).resolve().parents[2]  # a checkout's root (editable install)
 
 
 def load_reference(path: str | Path) -> tuple[dict, list[Figure]]:
     """(settings, figures) from a TOML reference file like experiments/article.toml.
 
     The default path is looked up in the current directory, then in the source tree this
-    package runs from; text paths inside resolve the same way (the reference's own tree)."""
+    package runs from, then in the installed package (a copy of experiments/article.toml
+    that a test holds equal to it); text paths inside resolve the same way (the
+    reference's own tree)."""
     p = Path(path)
-    repo = Path(__file__).resolve().parents[2]
-    if p == DEFAULT_REFERENCE and not p.exists() and (repo / p).exists():
-        p = repo / p
+    if p == DEFAULT_REFERENCE and not p.exists():
+        from importlib.resources import files
+
+        found = [q for q in (SOURCE_TREE / p, Path(str(files("blockscope") / "data" / p.name)))
+                 if q.exists()]
+        p = found[0] if found else p
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
