@@ -332,7 +332,7 @@ def test_resid_norm_says_a_parallel_block_has_no_mid_point(run, tmp_path):
     meta = json.loads((result(tmp_path, "resid-norm-gptj.json")).read_text())
     assert meta["family"] == "GPT-J" and "parallel" in meta["mid_points"]
     df = pd.read_csv(result(tmp_path, "resid-norm-gptj.csv"))
-    assert len(df) == 1 + 3 and not df["hook"].str.contains("mid").any()
+    assert len(df) == 1 + 2 and not df["hook"].str.contains("mid").any()  # 2 blocks
 
 
 def test_runs_with_different_settings_never_share_a_file_and_reruns_say_so(run, tiny_dir,

@@ -109,24 +109,11 @@ def torchrun(*args, env=None):
         capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
 
 
-def test_torchrun_two_processes_equal_one(tiny_dir, tmp_path, corpus):
-    """Documents split across two gloo ranks; rank 0 writes the single-process CSV."""
-    args = ["--dataset", corpus, "--model", tiny_dir, "--n-tokens", 900, "--bootstrap", 200,
-            "--method", "mean", "--no-plot", "-q"]
-    one = CliRunner().invoke(app, ["ablate", *map(str, args), "--out-dir", str(tmp_path / "1")])
-    assert one.exit_code == 0, one.output
-    two = torchrun("ablate", *args, "--out-dir", tmp_path / "2")
-    assert two.returncode == 0, two.stderr[-3000:]
-    a = pd.read_csv(result(tmp_path / "1", "ablate-tiny-gpt2-wiki-mean.csv"))
-    b_csv = result(tmp_path / "2", "ablate-tiny-gpt2-wiki-mean.csv")
-    b = pd.read_csv(b_csv)
-    numeric = a.select_dtypes("number").columns
-    np.testing.assert_allclose(b[numeric], a[numeric], rtol=1e-6)
-    assert json.loads(b_csv.with_suffix(".json").read_text())["world_size"] == 2
-    assert len(list((tmp_path / "2").iterdir())) == 2  # one CSV, one sidecar: rank 0 only
-
-
 def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
+    """Documents split across two gloo ranks: the sweeps' per-document sums, the gradient
+    importance's sum and the curves join to the single-process CSVs (torchrun is tested
+    here once: ablate's ranks join through the same plan.gather_units and parallel.total);
+    rank 0 alone writes."""
     args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 5, "--step", 4,
             "--bootstrap", 50, "--no-plot", "-q"]
     one = CliRunner().invoke(app, ["prune-heads", *map(str, args),
@@ -134,10 +121,14 @@ def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
     assert one.exit_code == 0, one.output
     two = torchrun("prune-heads", *args, "--out-dir", tmp_path / "2")
     assert two.returncode == 0, two.stderr[-3000:]
-    for name in ("prune-heads-tiny-gpt2-wiki.csv", "prune-heads-tiny-gpt2-wiki-curve.csv"):
+    for name in ("prune-heads-tiny-gpt2-wiki.csv", "prune-heads-tiny-gpt2-wiki-curve.csv",
+                 "prune-heads-tiny-gpt2-wiki-one-head.csv"):
         a, b = (pd.read_csv(result(tmp_path / d, name)) for d in ("1", "2"))
         numeric = a.select_dtypes("number").columns
         np.testing.assert_allclose(b[numeric], a[numeric], rtol=1e-6)
+    sidecar = result(tmp_path / "2", "prune-heads-tiny-gpt2-wiki.json")
+    assert json.loads(sidecar.read_text())["world_size"] == 2
+    assert len(list((tmp_path / "2").iterdir())) == 4  # three CSVs, one sidecar: rank 0 only
 
 
 def test_a_failing_rank_fails_the_run_and_nothing_is_written(tiny_dir, tmp_path, corpus):

