@@ -26,6 +26,31 @@ ALICE = REPO / "data" / "alice.txt"
 TINY = dict(n_layer=3, n_embd=64, n_head=4, n_positions=128, initializer_range=0.2)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _models_load_once():
+    """Commands run in-process by the tests load each local checkpoint once a session (the
+    real loader, the first time): loading is most of a tiny model's command. Keyed by the
+    whole spec and the checkpoint files' times, so a changed or rewritten folder loads anew;
+    failed loads are never kept."""
+    from blockscope import loading
+
+    real, kept = loading.load_model, {}
+
+    def load_model(spec, *, allow_pickle=False):
+        if not spec.is_local or not Path(spec.source).is_dir():
+            return real(spec, allow_pickle=allow_pickle)
+        files = tuple(sorted((p.name, p.stat().st_mtime_ns)
+                             for p in Path(spec.source).iterdir() if p.is_file()))
+        key = (spec, allow_pickle, files)
+        if key not in kept:
+            kept[key] = real(spec, allow_pickle=allow_pickle)
+        return kept[key]
+
+    loading.load_model = load_model
+    yield
+    loading.load_model = real
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

