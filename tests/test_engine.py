@@ -245,11 +245,11 @@ def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     from blockscope.heads import prepare
 
     windows = len(model_windows(tiny, ids, 100)) > 1
+    importance, normalised = head_importance(tiny, ids, stride=100)  # the hooked model's
     for method in ("mean",) if windows else ("zero", "mean"):
         shared = prepare(tiny, ids, method=method, stride=100)
         kw = dict(method=method, stride=100)
         same(heads_sweep(tiny, ids, **kw), heads_sweep(tiny, ids, prepared=shared, **kw))
-        importance, normalised = head_importance(tiny, ids, stride=100)
         got, got_normalised = head_importance(tiny, ids, stride=100, prepared=shared)
         # plain and hooked gradients agree as the self-check holds them: to 1e-5 of the largest
         assert torch.allclose(got, importance, rtol=REL, atol=REL * float(importance.max()))
