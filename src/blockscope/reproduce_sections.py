@@ -1,7 +1,9 @@
-"""The reproduce report's sections beyond the article's figures: pre- vs post-norm
-(`norm-placement`'s claims) and known head roles (references, not the article's).
+"""The reproduce report's sections beyond the article's figures: the article's claims on
+any model, pre- vs post-norm (`norm-placement`'s claims) and known head roles (references,
+not the article's).
 
-Each takes the reference's settings (experiments/article.toml) and returns DataFrames."""
+The measures take the reference's settings (experiments/article.toml) and return
+DataFrames; the `*_section` functions turn them into the report's markdown lines."""
 
 from __future__ import annotations
 
@@ -116,3 +118,53 @@ def article_claims(figures, measured: dict, frames: dict, model: str) -> pd.Data
     df.attrs["headers"] = {"claim": "claim", "article": "the article (GPT-2 small)",
                            "measured": f"measured ({model})", "test": "test", "shown": "shown"}
     return df
+
+
+def claims_section(claims, other: str | None) -> list[str]:
+    """The report's section on the article's claims, the article's GPT-2 figures beside
+    what was measured."""
+    if claims is None or not len(claims):
+        return []
+    lines = ["## the article's claims", ""]
+    if other:
+        lines += [f"Measured on {other}, not the article's model: its figures are its own, "
+                  "so the claims are what is compared.", ""]
+    lines += ["| " + " | ".join(claims.attrs["headers"].values()) + " |",
+              "| " + " | ".join("---" for _ in claims.columns) + " |"]
+    lines += ["| " + " | ".join(("yes" if v else "NOT shown") if k == "shown" else str(v)
+                                for k, v in r.items()) + " |"
+              for r in claims.to_dict(orient="records")]
+    return lines + [""]
+
+
+def roles_section(settings: dict, roles, name: str) -> list[str]:
+    """The report's head-roles section: which known heads are in each role's top 5."""
+    if "head_roles" not in settings:
+        return []
+    s = settings["head_roles"]
+    lines = [f"## {s.get('section', 'head roles')}", ""]
+    if roles is None:
+        return lines + ["Needs the model: `blockscope head-roles --model MODEL`.", ""]
+    lines += [f"Known heads (references, not the article's figures) against blockscope's "
+              f"head-roles scores on {name}:", "",
+              "| role | head | score | rank | status | source |",
+              "| --- | --- | ---: | ---: | --- | --- |"]
+    for r in roles.itertuples():
+        score = "" if r.score is None or r.score != r.score else f"{r.score:.3f}"
+        rank = "" if r.rank is None or r.rank != r.rank else str(int(r.rank))
+        lines.append(f"| {r.role} | {r.head} | {score} | {rank} | {r.status} | {r.source} |")
+    return lines + [""]
+
+
+def norm_section(settings: dict, claims) -> list[str]:
+    """The report's pre- vs post-norm section: the article's claims, then what was measured."""
+    if claims is None:
+        return []
+    s = settings["norm_placement"]
+    lines = [f"## {s.get('section', 'norm-placement')}", "", "The article says:", ""]
+    lines += [f"> {c}" for c in s.get("claims", [])] + [""]
+    lines += ["Measured here (`blockscope norm-placement`, no pretrained weights):", "",
+              "| claim | measured | test | shown |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.claim} | {r.measured} | {r.test} | {'yes' if r.shown else 'NOT shown'} |"
+              for r in claims.itertuples()]
+    return lines + [""]

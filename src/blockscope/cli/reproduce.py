@@ -142,8 +142,9 @@ def reproduce(
     stem = f"reproduce-{spec.slug}"
     pictures = plots(frames, name, stem) if plot else {}
     report = markdown(table, name, reference, best, headline, missing, pictures, other,
-                      claims_section(model_claims, other) + roles_section(settings, roles, name)
-                      + norm_section(settings, claims))
+                      sections.claims_section(model_claims, other)
+                      + sections.roles_section(settings, roles, name)
+                      + sections.norm_section(settings, claims))
     from blockscope.fetch import provenance
 
     random_weights = bool(spec.is_local and (provenance(spec.source) or {}).get(
@@ -228,56 +229,6 @@ def plots(frames: dict, name: str, stem: str) -> dict:
 def settings_prompt(frames: dict) -> str:
     df = next(v for k, v in frames.items() if k.startswith("resid-norm"))
     return str(df["prompt"].iloc[0]) if "prompt" in df else ""
-
-
-def claims_section(claims, other: str | None) -> list[str]:
-    """The report's section on the article's claims, the article's GPT-2 figures beside
-    what was measured."""
-    if claims is None or not len(claims):
-        return []
-    lines = ["## the article's claims", ""]
-    if other:
-        lines += [f"Measured on {other}, not the article's model: its figures are its own, "
-                  "so the claims are what is compared.", ""]
-    lines += ["| " + " | ".join(claims.attrs["headers"].values()) + " |",
-              "| " + " | ".join("---" for _ in claims.columns) + " |"]
-    lines += ["| " + " | ".join(("yes" if v else "NOT shown") if k == "shown" else str(v)
-                                for k, v in r.items()) + " |"
-              for r in claims.to_dict(orient="records")]
-    return lines + [""]
-
-
-def roles_section(settings: dict, roles, name: str) -> list[str]:
-    """The report's head-roles section: which known heads are in each role's top 5."""
-    if "head_roles" not in settings:
-        return []
-    s = settings["head_roles"]
-    lines = [f"## {s.get('section', 'head roles')}", ""]
-    if roles is None:
-        return lines + ["Needs the model: `blockscope head-roles --model MODEL`.", ""]
-    lines += [f"Known heads (references, not the article's figures) against blockscope's "
-              f"head-roles scores on {name}:", "",
-              "| role | head | score | rank | status | source |",
-              "| --- | --- | ---: | ---: | --- | --- |"]
-    for r in roles.itertuples():
-        score = "" if r.score is None or r.score != r.score else f"{r.score:.3f}"
-        rank = "" if r.rank is None or r.rank != r.rank else str(int(r.rank))
-        lines.append(f"| {r.role} | {r.head} | {score} | {rank} | {r.status} | {r.source} |")
-    return lines + [""]
-
-
-def norm_section(settings: dict, claims) -> list[str]:
-    """The report's pre- vs post-norm section: the article's claims, then what was measured."""
-    if claims is None:
-        return []
-    s = settings["norm_placement"]
-    lines = [f"## {s.get('section', 'norm-placement')}", "", "The article says:", ""]
-    lines += [f"> {c}" for c in s.get("claims", [])] + [""]
-    lines += ["Measured here (`blockscope norm-placement`, no pretrained weights):", "",
-              "| claim | measured | test | shown |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r.claim} | {r.measured} | {r.test} | {'yes' if r.shown else 'NOT shown'} |"
-              for r in claims.itertuples()]
-    return lines + [""]
 
 
 def markdown(table, name, reference, best, headline, missing, pictures, other,

@@ -56,7 +56,7 @@ def toy_model(
 
         (staging / PROVENANCE).write_text(json.dumps(
             {"name": "toy-model", "random_weights": True, "seed": seed, "tiny": tiny},
-            indent=2) + "\n", encoding="utf-8")
+            indent=2, allow_nan=False) + "\n", encoding="utf-8")
         mask = os.umask(0)
         os.umask(mask)
         staging.chmod(0o777 & ~mask)  # mkdtemp makes it 0700, safetensors 0600: the usual
