@@ -204,6 +204,7 @@ def test_shapes_command(run, tiny_dir, tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(result(tmp_path, "shapes-tiny-gpt2-block2.csv"))
     assert df["matches"].all() and df.loc[0, "shape"] == "5 x 64"
+    assert "config" in res.stdout and "5×4×16" in res.stdout  # each shape whole, checked
     assert "block 3" not in one_error_line(run("shapes", "Hi there", "-m", tiny_dir,
                                                "--block", 3, "--out-dir", tmp_path / "x"))
     assert not (tmp_path / "x").exists()

@@ -265,8 +265,14 @@ def shapes(
     check_context(tokens, lm)
     df = block_shapes(lm, tokens, block=block)
     if not quiet:
-        out.print(table(df, {"tensor": ("tensor", "s"), "shape": ("shape", "s"),
-                             "dims": ("axes", "s"), "note": ("what it is", "s")},
+        shown = df.assign(  # a shape is one label, never wrapped; a mismatch says the expected
+            matches=df["matches"].map({True: "yes", False: "NO"}),
+            shape=[r.shape.replace(" x ", "\u00d7") + ("" if r.matches else
+                                                      f" (expected {r.expected})")
+                   for r in df.itertuples()])
+        out.print(table(shown, {"tensor": ("tensor", "s"), "shape": ("shape", "s"),
+                                "dims": ("axes", "s"), "matches": ("as config", "s"),
+                                "note": ("what it is", "s")},
                         title=f"{spec.label}, block {block}: {tokens.shape[-1]} tokens "
                         f"(batch of 1 not shown)"))
     meta = sidecar(command="shapes", block=block,
