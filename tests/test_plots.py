@@ -96,3 +96,21 @@ def test_ablation_axis_labels_are_plain_numbers(ppl, want):
     labels = {t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)} - {""}
     assert want <= labels, labels
     assert not any("e+" in t or "e-" in t or "times" in t for t in labels), labels
+
+
+def test_every_log_axis_has_plain_labels():
+    """resid-norm and the pruning curve wrote 6x10^0 and 8x10^4; all log axes now write
+    plain numbers (80,000) as the ablation plot does."""
+    import pandas as pd
+
+    from blockscope.plots import resid_norm_plot
+
+    df = pd.DataFrame({"position": 0, "token": " is", "after": ["embeddings", "block 1"],
+                       "norm": [2.6, 619.2]})
+    fig = resid_norm_plot(df, "norms")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)]
+    shown = [t for t in labels if t]
+    assert len(shown) >= 3 and not any("$" in t or "e+" in t or "10^" in t for t in shown)
+    assert "100" in shown

@@ -35,7 +35,14 @@ class _PlainLog(LogFormatter):
     1.4 x 10^0, and 0.998, not the 1e+00 LogFormatter writes for it."""
 
     def _num_to_string(self, x, vmin, vmax):
-        return f"{x:.4g}"
+        return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}"  # 80,000, not 8e+04
+
+
+def _log_y(ax) -> None:
+    """A log y axis labelled in plain numbers, major and minor ticks (every log axis here)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_PlainLog(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(_PlainLog(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
 
 
 def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
@@ -57,9 +64,7 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
                     fmt="none", ecolor="black", elinewidth=1, capsize=3,
                     label="95% interval (paired bootstrap)")
     ax.axhline(1, color="black", linewidth=0.8, label=f"baseline {base:,.1f}")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(_PlainLog(labelOnlyBase=False))
-    ax.yaxis.set_minor_formatter(_PlainLog(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    _log_y(ax)
     what = "block" if part == "block" else f"{part} of the block"
     return _finish(fig, ax, f"{what} removed (layer, 0-based)",
                    "perplexity / baseline (log scale)", title)
@@ -76,7 +81,7 @@ def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
     step = max(1, len(points) // 14)
     ax.set_xticks(range(0, len(points), step), points[::step], rotation=45, ha="right",
                   fontsize=8)
-    ax.set_yscale("log")
+    _log_y(ax)
     ax.set_xlabel("point in the residual stream")
     ax.set_ylabel("L2 norm (log scale)")
     ax.set_title(title, fontsize=10)
@@ -93,7 +98,7 @@ def resid_norm_band_plot(df: pd.DataFrame, title: str) -> Figure:
     x = range(len(df))
     ax.fill_between(x, df["p10"], df["p90"], alpha=0.25, label="10th-90th percentile")
     ax.plot(x, df["median"], marker="o", markersize=3, label="median")
-    ax.set_yscale("log")
+    _log_y(ax)
     step = max(1, len(df) // 16)
     ax.set_xticks(list(x)[::step], [str(a) for a in df["after"]][::step], rotation=45,
                   ha="right", fontsize=7)
@@ -122,7 +127,7 @@ def prune_heads_plot(per_head: pd.DataFrame, curve: pd.DataFrame, *, n_layers: i
                   label=f"within +{tolerance:.0%}")
     for order, group in curve.groupby("order", sort=False):
         right.plot(100 * group["share_removed"], group["perplexity"], marker=".", label=order)
-    right.set_yscale("log")
+    _log_y(right)
     right.set_xlabel("heads removed (%)")
     right.set_ylabel("perplexity (log scale)")
     right.set_title("pruning curve", fontsize=10)
@@ -173,7 +178,7 @@ def norm_init_plot(summary: pd.DataFrame, title: str) -> Figure:
         ax.plot(rows["layer"] + 1, rows["grad_norm"], marker="o",
                 linestyle="-" if layout == "pre" else "--",
                 label=f"{layout}-norm, {'scaled' if scaled else 'unscaled'} init")
-    ax.set_yscale("log")
+    _log_y(ax)
     return _finish(fig, ax, "block", "gradient norm of its six matrices (log scale)", title)
 
 
