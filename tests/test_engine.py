@@ -73,11 +73,12 @@ def test_one_head_per_layer_equals_naive(tiny, ids):
              one_head_per_layer(tiny, ids, importance, method=method, stride=100))
 
 
-@pytest.mark.parametrize("order", ["gradient", "random", "ablation"])
+@pytest.mark.parametrize("order", ["gradient"])
 def test_pruning_curve_equals_naive(tiny, ids, order):
     """The cached curve (gradient order: each step scored by the next gradient's forward)
     equals the naive loop's, intervals included; the whole model's importance handed in
-    changes nothing."""
+    changes nothing. Over windows the gradient order only: the orders differ in which
+    heads go, not in how a step is scored (the short text holds all three)."""
     from blockscope.stats import Bootstrap
 
     kw = dict(order=order, step=0.3, stride=100, seed=1, ci=Bootstrap(100))
@@ -90,6 +91,12 @@ def test_pruning_curve_equals_naive(tiny, ids, order):
         assert torch.allclose(torch.tensor(naive[column].tolist(), dtype=torch.float64),
                               torch.tensor(fast[column].tolist(), dtype=torch.float64),
                               rtol=REL, atol=atol, equal_nan=True), column
+
+
+@pytest.mark.parametrize("ids", ["short"], indirect=True)
+@pytest.mark.parametrize("order", ["random", "ablation"])
+def test_pruning_curve_other_orders_equal_naive(tiny, ids, order):
+    test_pruning_curve_equals_naive(tiny, ids, order)
 
 
 def test_clean_pass_is_the_clean_forward(tiny, ids):
