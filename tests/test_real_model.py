@@ -173,3 +173,5 @@ def test_reproduce_runs_the_articles_claims_on_the_offline_model(offline_model, 
     assert grows["shown"] == (float(grows["measured"].split()[0][1:].replace(",", "")) >= 10)
     report = result(tmp_path, f"reproduce-{NAME}.md").read_text()
     assert "| claim | the article (GPT-2 small) | measured (smollm2-135m) |" in report
+    params = report.split("## params")[1]  # GPT-2's own counts, needing no weights
+    assert "| figure | variant | article | measured |" in params.split("##")[0]

@@ -240,8 +240,9 @@ def markdown(table, name, reference, best, headline, missing, pictures, other,
         lines += [f"**Measured without the model** ({missing}). Figures marked 'needs the "
                   "model' are listed with the command to run where the hub is reachable.", ""]
     for experiment, group in table.groupby("experiment", sort=False):
-        lines += [f"## {experiment}", "", f"| figure | variant | {article_header(other)} | "
-                  f"{measured_header(other)} | "
+        here = own_model(group, other)
+        lines += [f"## {experiment}", "", f"| figure | variant | {article_header(here)} | "
+                  f"{measured_header(here)} | "
                   "difference | status |", "| --- | --- | ---: | ---: | ---: | --- |"]
         for r in group.itertuples():
             lines.append(f"| {r.figure} | {r.variant} | {r.article} | {r.measured_text} | "
@@ -255,6 +256,12 @@ def markdown(table, name, reference, best, headline, missing, pictures, other,
     lines += list(extra)
     lines += [f"![{digested(p)}]({digested(p)})" for p in pictures]  # as write() names them
     return "\n".join(lines) + "\n"
+
+
+def own_model(group, other: str | None) -> str | None:
+    """`other` where this experiment's figures were measured on its weights; None where
+    they need none (parameter counts, layer norm, GPT-2's shapes): those are GPT-2's."""
+    return other if other and (group["status"] == f"{other}'s own figure").any() else None
 
 
 def article_header(other: str | None) -> str:
@@ -272,9 +279,10 @@ def render(table, best, headline, other=None) -> None:
               for i, s in enumerate(table["status"])}
     for experiment, group in table.groupby("experiment", sort=False):
         group = group.reset_index(drop=True)
+        here = own_model(group, other)
         columns = {"figure": ("figure", "s"), "variant": ("variant", "s"),
-                   "article": (article_header(other), "s"),
-                   "measured_text": (measured_header(other), "s"),
+                   "article": (article_header(here), "s"),
+                   "measured_text": (measured_header(here), "s"),
                    "difference_text": ("difference", "s"), "status": ("status", "s")}
         if not group["variant"].astype(bool).any():
             del columns["variant"]
