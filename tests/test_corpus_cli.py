@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from blockscope.cli import app
@@ -116,8 +117,13 @@ def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
     rank 0 alone writes."""
     args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 5, "--step", 4,
             "--bootstrap", 50, "--no-plot", "-q"]
-    one = CliRunner().invoke(app, ["prune-heads", *map(str, args),
-                                   "--out-dir", str(tmp_path / "1")])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun runs each rank: the same kernels, the same floats
+    try:
+        one = CliRunner().invoke(app, ["prune-heads", *map(str, args),
+                                       "--out-dir", str(tmp_path / "1")])
+    finally:
+        torch.set_num_threads(threads)
     assert one.exit_code == 0, one.output
     two = torchrun("prune-heads", *args, "--out-dir", tmp_path / "2")
     assert two.returncode == 0, two.stderr[-3000:]
@@ -150,4 +156,22 @@ def test_a_failing_rank_says_so_and_writes_nothing(tiny_dir, tmp_path, corpus, m
     assert res.exit_code == 1
     assert "rank 1 of this torchrun (nothing was written)" in res.stderr
     assert "injected failure on rank 1" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refusal_under_torchrun_is_torchruns_root_cause(tmp_path, monkeypatch):
+    """`torchrun ... params`: the refusal is written where torchrun's failure summary reads it
+    (TORCHELASTIC_ERROR_FILE), so its "Root Cause" is blockscope's one line, not a pointer to
+    the elastic docs. In one process with a rank's environment, as above."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    res = CliRunner().invoke(app, ["params", "--out-dir", str(tmp_path / "out")])
+    assert res.exit_code == 1
+    assert res.stderr == ""  # rank 1 leaves stderr to rank 0
+    message = json.loads(error_file.read_text())["message"]
+    line = "error: params runs in one process; under torchrun only ablate, prune-heads, " \
+           "resid-norm do"
+    assert message["message"] == message["extraInfo"]["py_callstack"] == line
     assert not (tmp_path / "out").exists()

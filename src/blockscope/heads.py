@@ -134,7 +134,8 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)  # frozen weights: only the mask gets a gradient
-    summed, n_scored, units = torch.zeros_like(mask), 0, []
+    # float64 on the CPU: the sum is the same whichever ranks' documents it gathers
+    summed, n_scored, units = torch.zeros(mask.shape, dtype=torch.float64), 0, []
     how = {"replay": set(), "batch_size": 1}
     try:
         with torch.enable_grad():
@@ -158,14 +159,14 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                     how["replay"].add("plain" if plain is not None else "bridge")
                     if ran is None:
                         (grad,) = torch.autograd.grad(nll.sum(), mask)
-                    summed += grad.abs() * (mask.detach() != 0)  # a removed head: 0
+                    summed += (grad.abs() * (mask.detach() != 0)).double().cpu()  # removed: 0
                     n_scored += nll.numel()
                     nlls.append(nll.detach().double().cpu())
                 units += plan.doc_units(index, torch.cat(nlls)[None], docs.unit)
     finally:
         for p in params:
             p.requires_grad_(True)
-    joined = total(docs.comm, {"grad": summed.detach().double().cpu(),
+    joined = total(docs.comm, {"grad": summed,
                                "n": torch.tensor(float(n_scored), dtype=torch.float64)})
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)

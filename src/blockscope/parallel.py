@@ -111,3 +111,23 @@ def finish() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def report_failure(line: str) -> None:
+    """Under torchrun, leave this process's one-line failure where torchrun's summary reads
+    it (TORCHELASTIC_ERROR_FILE), so its "Root Cause" names blockscope's reason instead of
+    pointing at the elastic docs. torchrun's launcher still prints its own traceback above
+    the summary whenever a process exits non-zero: that is torchrun's, not this process's."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": line,
+                        "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as fp:
+            json.dump(data, fp)
+    except OSError:
+        pass  # torchrun's summary falls back to its generic line; stderr has the reason

@@ -124,6 +124,7 @@ def handled(fn):
             if rank == 0:  # every process meets the same bad input: say it once
                 err.print(styled("error: ", "bold red", str(exc)), highlight=False,
                           soft_wrap=True)
+            parallel.report_failure(f"error: {exc}")
             raise typer.Exit(1)
         except KeyboardInterrupt:
             err.print("interrupted: nothing was written", highlight=False)
@@ -135,12 +136,11 @@ def handled(fn):
                 raise
             where = "" if parallel.world_size() == 1 else (
                 f"rank {rank} of this torchrun (nothing was written): ")
-            err.print(
-                styled("internal error: ", "bold red", f"{where}{type(exc).__name__}: {exc} "
-                       "(set BLOCKSCOPE_DEBUG=1 for the traceback)"),
-                highlight=False,
-                soft_wrap=True,
-            )
+            line = (f"{where}{type(exc).__name__}: {exc} "
+                    "(set BLOCKSCOPE_DEBUG=1 for the traceback)")
+            err.print(styled("internal error: ", "bold red", line), highlight=False,
+                      soft_wrap=True)
+            parallel.report_failure(f"internal error: {line}")
             raise typer.Exit(1)
         finally:
             output.RUN.reset(token)
@@ -219,6 +219,23 @@ def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
     if check is not None:
         check(sizes_of(lm))
     return lm
+
+
+def early_tokens(spec, text: str, prepend_bos: bool):
+    """The prompt's tokens `(1, pos)` from the tokenizer and config.json alone, checked
+    against the context, before the model loads (a bad prompt is refused in a second, not
+    after a load); None when neither is at hand without loading: the load then checks."""
+    from blockscope.loading import peek_sizes, peek_tokenizer
+    from blockscope.text import tokenize
+
+    tokenizer = peek_tokenizer(spec)
+    if tokenizer is None:
+        return None
+    tokens = tokenize(tokenizer, text, prepend_bos=prepend_bos)
+    n_ctx = (peek_sizes(spec) or {}).get("n_ctx")
+    if n_ctx is not None and tokens.shape[-1] > n_ctx:
+        raise BlockscopeError(f"{tokens.shape[-1]:,} tokens, the model's context is {n_ctx:,}")
+    return tokens
 
 
 def check_context(tokens, model) -> None:
