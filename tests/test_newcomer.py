@@ -32,6 +32,7 @@ def no_load(monkeypatch):
         raise AssertionError("the model was loaded before the bad option was refused")
 
     monkeypatch.setattr(cli_common, "load", fail)
+    monkeypatch.setattr("blockscope.loading.load_model", fail)
 
 
 def one_line(res, message):
@@ -115,10 +116,20 @@ def test_checkpoint_without_tokenizer_files(run, tmp_path):
     (["ablate", "--stride", "0"], "--stride must be at least 1"),
     (["ablate", "--stride", "999"], "longer than the model's context"),
     (["shapes", "Hello there", "--block", "9"], "--block must be between 0 and 2"),
+    # what needs only the tokenizer: refused before TransformerLens is imported
+    (["resid-norm", "The capital", "--position", "99"], "--position 99 is outside the 2"),
+    (["resid-norm", "The capital", "--position", "2", "--prepend-bos"], None),
+    (["attention", "Hello there", "--layer", "9"], "--layer 9 is out of range: 0 to 2"),
+    (["attention", "Hello there", "--layer", "0", "--head", "4"], "--head 4 is out of"),
+    (["shapes", "word " * 300], "301 tokens, the model's context is 128"),
 ])
 def test_options_are_checked_against_the_config_before_the_load(run, tiny_dir, tmp_path,
                                                                  no_load, args, message):
-    extra = [] if args[0] == "shapes" else ["--text", ALICE]
+    extra = [] if args[0] in ("shapes", "resid-norm", "attention") else ["--text", ALICE]
+    if message is None:  # in range with BOS: past the checks, to the load (which fails here)
+        assert "the model was loaded" in run(*args, "--model", tiny_dir, "--out-dir",
+                                             tmp_path / "o").stderr
+        return
     res = run(*args, *extra, "--model", tiny_dir, "--out-dir", tmp_path / "o")
     one_line(res, message)
     assert not (tmp_path / "o").exists()

@@ -12,9 +12,10 @@ from blockscope.head_roles import patterns
 from blockscope.text import token_text, visible
 
 
-def check_heads(model, layers: Sequence[int], heads: Sequence[int] | None) -> list[int]:
-    """Refuse a layer or head out of range; the heads asked for (default: all)."""
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+def check_heads(sizes: dict, layers: Sequence[int], heads: Sequence[int] | None) -> list[int]:
+    """Refuse a layer or head out of range for `sizes` (n_layers, n_heads); the heads asked
+    for (default: all)."""
+    n_layers, n_heads = sizes["n_layers"], sizes["n_heads"]
     for layer in layers:
         if not 0 <= layer < n_layers:
             raise BlockscopeError(f"--layer {layer} is out of range: 0 to {n_layers - 1}")
@@ -30,7 +31,8 @@ def attention_table(model, tokens: torch.Tensor, *, layers: Sequence[int],
     """One row per (layer, head, query position, key position), every key position
     included (zero above the diagonal): `layer, head, query_pos, query_token, key_pos,
     key_token, weight`, each token as its own text (a prepended BOS as the BOS token's)."""
-    heads = check_heads(model, layers, heads)
+    heads = check_heads({"n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads},
+                        layers, heads)
     pats = patterns(model, tokens)  # (n_layers, n_heads, T, T)
     labels = [token_text(model.tokenizer, i) for i in tokens[0].tolist()]  # the real text
     T = tokens.shape[-1]

@@ -264,3 +264,22 @@ def peek_sizes(spec: ModelSpec) -> dict | None:
     return {"n_layers": first("n_layer", "num_hidden_layers", "num_layers"),
             "n_heads": first("n_head", "num_attention_heads", "num_heads"),
             "n_ctx": first("n_positions", "max_position_embeddings", "n_ctx", "seq_length")}
+
+
+def peek_tokenizer(spec: ModelSpec):
+    """The tokenizer alone, its BOS chosen as the loaded model's will be, from a local
+    directory or the cache (no hub, no TransformerLens), so a prompt's refusals come before
+    the weights load; None when it is not at hand (the load then says why)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from blockscope.text import choose_bos
+
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.source, local_files_only=True,
+                                                  add_bos_token=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not here, or not readable: the load says which
+    choose_bos(tokenizer, spec.bos_token)
+    return tokenizer

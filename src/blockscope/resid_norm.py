@@ -19,6 +19,13 @@ from blockscope.errors import BlockscopeError
 from blockscope.text import token_text
 
 
+def check_positions(positions: Sequence[int], n_pos: int) -> None:
+    """Refuse a position outside the prompt's `n_pos` tokens (negative: from the end)."""
+    for p in positions:
+        if not -n_pos <= p < n_pos:
+            raise BlockscopeError(f"--position {p} is outside the {n_pos} tokens")
+
+
 def resid_norms(
     model, tokens: torch.Tensor, *, positions: Sequence[int] | None = None
 ) -> pd.DataFrame:
@@ -30,9 +37,7 @@ def resid_norms(
     """
     n_pos = tokens.shape[-1]
     positions = [-1] if positions is None else list(positions)
-    for p in positions:
-        if not -n_pos <= p < n_pos:
-            raise BlockscopeError(f"--position {p} is outside the {n_pos} tokens")
+    check_positions(positions, n_pos)
     idx = [p % n_pos for p in positions]
     points = stream_points(layout(model), model.cfg.n_layers)
     names = {name for name, _, _ in points}

@@ -24,6 +24,7 @@ from blockscope.cli.common import (
     app,
     check_context,
     checked_load,
+    early_tokens,
     flag,
     handled,
     load,
@@ -140,6 +141,11 @@ def resid_norm(
                               "in one process")
     text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, processed, out_dir,
                                            bos_token)
+    early = early_tokens(spec, text_, prepend_bos)
+    if early is not None and not all_positions:
+        from blockscope.resid_norm import check_positions
+
+        check_positions([position], early.shape[-1])
     lm = load(spec, allow_pickle, quiet)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
     check_context(tokens, lm)
@@ -260,6 +266,7 @@ def shapes(
             raise BlockscopeError(f"--block must be between 0 and {sizes['n_layers'] - 1} "
                                   f"(0-based; got {block})")
 
+    early_tokens(spec, text_, prepend_bos)
     lm = checked_load(spec, allow_pickle, quiet, check)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
     check_context(tokens, lm)

@@ -25,14 +25,16 @@ from blockscope.cli.common import (
     QuietOpt,
     TextFileOpt,
     app,
+    checked_load,
     comma_list,
+    early_tokens,
     err,
     flag,
     handled,
-    load,
     model_record,
     out,
     prompt_text,
+    sizes_of,
 )
 from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
@@ -209,8 +211,10 @@ def attention(
     prompt_str, source = prompt_text(prompt, text)
     spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
     out_path = check_out_dir(out_dir)
-    lm = load(spec, allow_pickle, quiet)
-    heads = experiment.check_heads(lm, layers, heads)
+    early_tokens(spec, prompt_str, prepend_bos)
+    lm = checked_load(spec, allow_pickle, quiet,
+                      lambda sizes: experiment.check_heads(sizes, layers, heads))
+    heads = experiment.check_heads(sizes_of(lm), layers, heads)
     tokens = tokenize(lm.tokenizer, prompt_str, prepend_bos=prepend_bos)
     if tokens.shape[-1] > lm.cfg.n_ctx:
         raise BlockscopeError(f"{tokens.shape[-1]} tokens, the model's context is "
