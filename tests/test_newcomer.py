@@ -345,3 +345,24 @@ def test_tables_never_cut_a_number(width):
         assert fmt(value, ",d") in shown  # whole, on one line
     if width < 80:
         assert "Left out at 60 columns: shortcut error" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_head_grid_splits_its_heads_rather_than_fold_a_number(width):
+    """prune-heads' terminal grid of 12 x 12 cells wrapped at 80 columns: now every cell is
+    whole on its line, and the heads split over grids that fit (each head shown once)."""
+    import torch
+
+    from blockscope.render import heat_grid
+
+    grid = torch.linspace(-0.5, 1.234, 144).reshape(12, 12)
+    console = Console(width=width, record=True, markup=False, file=io.StringIO())
+    console.print(heat_grid(grid, title="toy: perplexity change with one head removed"))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= width
+    for value in grid.flatten().tolist():
+        assert format(value, "+.1%") in text
+    headers = [line for line in text.splitlines() if line.startswith("┃ layer")]
+    heads = [int(h) for line in headers for h in line.replace("┃", " ").split()[1:]]
+    assert sorted(heads) == list(range(12))
+    assert len(headers) == (1 if width >= 128 else 2 if width >= 69 else 3)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from blockscope.ablate import block_ablation
 from blockscope.cli import app
 from blockscope.plots import ablation_plot
+from blockscope.plots import params_plot as plots_params
 from blockscope.text import tokenize
 
 from .conftest import ALICE, result
@@ -114,3 +115,93 @@ def test_every_log_axis_has_plain_labels():
     shown = [t for t in labels if t]
     assert len(shown) >= 3 and not any("$" in t or "e+" in t or "10^" in t for t in shown)
     assert "100" in shown
+
+
+def texts_placed(fig):
+    """Draw `fig`; every visible non-empty text's box (pixels), and the figure's box."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in fig.findobj(
+        lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
+             if t.get_visible() and t.get_text().strip()]
+    return boxes, fig.bbox
+
+
+def assert_readable(fig, titles):
+    """Nothing drawn outside the figure, and no text in `titles` overlapping another."""
+    boxes, frame = texts_placed(fig)
+    for text, box in boxes:
+        assert box.x0 >= -1 and box.y0 >= -1 and box.x1 <= frame.x1 + 1 and (
+            box.y1 <= frame.y1 + 1), f"{text!r} is cut off: {box} outside {frame}"
+    for title in titles:
+        (_, own), = [(t, b) for t, b in boxes if t == title]
+        for text, box in boxes:
+            if text != title:
+                assert not own.overlaps(box), f"{title!r} overlaps {text!r}"
+
+
+@pytest.mark.parametrize("n_layers, n_heads", [(3, 4), (12, 12), (24, 16), (32, 32)])
+def test_head_roles_picture_has_whole_ticks_and_nothing_overlaps(n_layers, n_heads):
+    import numpy as np
+    import pandas as pd
+
+    from blockscope.plots import head_roles_plot
+
+    roles = ["previous_token", "duplicate_token", "induction"]
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame([{"layer": la, "head": h, **{r: rng.random() for r in roles}}
+                       for la in range(n_layers) for h in range(n_heads)])
+    fig = head_roles_plot(df, roles, n_layers, n_heads, "tiny-checkpoint: head roles")
+    assert_readable(fig, ["tiny-checkpoint: head roles", "previous token", "duplicate token",
+                          "induction"])
+    for ax in fig.axes[:3]:
+        for ticks, n in ((ax.get_xticks(), n_heads), (ax.get_yticks(), n_layers)):
+            shown = [t for t in ticks if -0.5 <= t <= n - 0.5]
+            assert shown and all(float(t).is_integer() for t in shown), ticks
+    assert [ax.get_ylabel() for ax in fig.axes[:3]] == ["layer", "", ""]  # shared, said once
+
+
+@pytest.mark.parametrize("layers, heads", [([5], [1, 5]), ([0, 5, 11], None)])
+def test_attention_picture_has_a_colour_bar_and_its_title_clear(layers, heads):
+    import pandas as pd
+
+    from blockscope.plots import attention_plot
+
+    tokens = ["<|endoftext|>", "The", " capital", " of", " France", " is"]
+    heads = heads or list(range(12))
+    df = pd.DataFrame([{"layer": la, "head": h, "query_pos": q, "query_token": tokens[q],
+                        "key_pos": k, "weight": 1 / (q + 1) if k <= q else 0.0}
+                       for la in layers for h in heads for q in range(6) for k in range(6)])
+    fig = attention_plot(df, "toy: attention on 'The capital of France is'")
+    assert any(ax.get_label() == "<colorbar>" for ax in fig.axes)
+    assert_readable(fig, ["toy: attention on 'The capital of France is'"])
+
+
+def test_params_picture_names_a_checkpoint_by_its_folder(tmp_path, tiny_dir, monkeypatch):
+    """`params -m /a/long/path/tiny-gpt2`: its bar and title say tiny-gpt2, and fit."""
+    from blockscope import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "params_plot",
+                        lambda df, title: drawn.append(plots_params(df, title)) or drawn[-1])
+    res = CliRunner().invoke(app, ["params", "-m", str(tiny_dir.resolve()), "--out-dir",
+                                   str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    (fig,) = drawn
+    title = f"where the parameters live: {tiny_dir.name}"
+    assert_readable(fig, [title])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [tiny_dir.name]
+
+
+def test_ablation_baseline_line_is_above_the_bottom_axis():
+    import pandas as pd
+
+    rows = [{"layer": -1, "part": "block", "perplexity": 22.2}]
+    rows += [{"layer": i, "part": "block", "perplexity": p}
+             for i, p in enumerate([1684.0, 40.0, 23.4, 90.0])]
+    fig = ablation_plot(pd.DataFrame(rows), "every removal raises perplexity")
+    low, high = fig.axes[0].get_ylim()
+    assert low < 0.97 < 1  # the baseline at 1 is drawn inside the axes, not on its edge

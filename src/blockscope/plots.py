@@ -16,10 +16,23 @@ from matplotlib.ticker import LogFormatter
 DPI = 120
 
 
-def _subplots(*layout: int, figsize: tuple[float, float], squeeze: bool = True):
-    """(fig, axes) as `pyplot.subplots(*layout, ...)` gives them, at DPI, without pyplot."""
-    fig = Figure(figsize=figsize, dpi=DPI)  # 8 x 4.5 in: 960 x 540 pixels
-    return fig, fig.subplots(*layout, squeeze=squeeze)
+def _subplots(*layout: int, figsize: tuple[float, float], squeeze: bool = True,
+              constrained: bool = False, **kwargs):
+    """(fig, axes) as `pyplot.subplots(*layout, ...)` gives them, at DPI, without pyplot;
+    `constrained`: matplotlib's constrained layout places titles, labels and colour bars
+    (the grids of panels, whose labels would otherwise overlap the next panel)."""
+    fig = Figure(figsize=figsize, dpi=DPI,  # 8 x 4.5 in: 960 x 540 pixels
+                 layout="constrained" if constrained else None)
+    return fig, fig.subplots(*layout, squeeze=squeeze, **kwargs)
+
+
+def _grid_ticks(ax, n_rows: int, n_cols: int) -> None:
+    """Whole-number ticks on a layers x heads heatmap: every one up to 16, else every 2nd,
+    4th, 5th... (at most 10 ticks), all inside the grid."""
+    for axis, n in ((ax.yaxis, n_rows), (ax.xaxis, n_cols)):
+        step = 1 if n <= 16 else next(s for s in (2, 4, 5, 8, 10, 16, 20, 25, 50, 100, n)
+                                      if n / s <= 10)
+        axis.set_ticks(range(0, n, step))
 
 
 def _drawable(text: str) -> str:
@@ -65,6 +78,9 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
                     label="95% interval (paired bootstrap)")
     ax.axhline(1, color="black", linewidth=0.8, label=f"baseline {base:,.1f}")
     _log_y(ax)
+    low, high = ax.get_ylim()  # room below the baseline line, where every bar rises from 1
+    if low >= 1 / (high / low) ** 0.04:
+        ax.set_ylim(min(low, 1) / (high / min(low, 1)) ** 0.05, high)
     what = "block" if part == "block" else f"{part} of the block"
     return _finish(fig, ax, f"{what} removed (layer, 0-based)",
                    "perplexity / baseline (log scale)", title)
@@ -147,7 +163,8 @@ PARAM_PARTS = {  # stacked-bar segment -> components of the `params` table
 
 def params_plot(df: pd.DataFrame, title: str) -> Figure:
     """Share of each model's parameters in embeddings, attention, MLP and norms."""
-    fig, ax = _subplots(figsize=(max(5, 2.2 * df["model"].nunique() + 2), 4.5))
+    fig, ax = _subplots(figsize=(max(5, 2.2 * df["model"].nunique() + 2), 4.5),
+                        constrained=True)
     models = list(dict.fromkeys(df["model"]))
     bottom = np.zeros(len(models))
     for part, components in PARAM_PARTS.items():
@@ -165,9 +182,8 @@ def params_plot(df: pd.DataFrame, title: str) -> Figure:
         bottom += np.array(shares)
     ax.set_ylabel("share of all parameters (%)")
     ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize=10)
+    fig.suptitle(title, fontsize=10)  # over the figure, legend included: never cut
     ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
-    fig.tight_layout()
     return fig
 
 
@@ -205,8 +221,8 @@ def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
 
 def head_roles_plot(df: pd.DataFrame, roles, n_layers: int, n_heads: int, title: str) -> Figure:
     """One layer x head heatmap per role, on one colour scale (0 to the largest score)."""
-    fig, axes = _subplots(1, len(roles), figsize=(4.2 * len(roles), 0.35 * n_layers + 2),
-                          squeeze=False)
+    fig, axes = _subplots(1, len(roles), figsize=(4.2 * len(roles), 0.3 * n_layers + 2.4),
+                          squeeze=False, sharey=True, constrained=True)
     grids = {r: np.full((n_layers, n_heads), np.nan) for r in roles}
     for row in df.itertuples():
         for r in roles:
@@ -216,8 +232,9 @@ def head_roles_plot(df: pd.DataFrame, roles, n_layers: int, n_heads: int, title:
         im = ax.imshow(grids[r], vmin=0, vmax=top, cmap="viridis", aspect="auto")
         ax.set_title(r.replace("_", " "), fontsize=10)
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="score (share of attention)")
+        _grid_ticks(ax, n_layers, n_heads)
+    axes[0][0].set_ylabel("layer")  # the panels share it
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.9, label="score (share of attention)")
     fig.suptitle(title, fontsize=10)
     return fig
 
@@ -232,19 +249,21 @@ def attention_plot(df: pd.DataFrame, title: str) -> Figure:
               .drop_duplicates("query_pos").sort_values("query_pos")["query_token"]
               .map(_drawable).tolist())
     size = max(3.0, 0.22 * T + 1.5)
-    fig, axes = _subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(size * cols + 1, size * rows + 0.4),
+                          squeeze=False, constrained=True)
     for ax in axes.flat[len(pairs):]:
         ax.axis("off")
     for ax, (layer, head) in zip(axes.flat, pairs, strict=False):
         one = df[(df["layer"] == layer) & (df["head"] == head)]
         grid = one.pivot(index="query_pos", columns="key_pos", values="weight").to_numpy()
-        ax.imshow(grid, vmin=0, vmax=1, cmap="Blues")
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="Blues")
         ax.set_title(f"layer {layer}, head {head}", fontsize=9)
         if T <= 40:  # tokens on both axes while they stay readable
             ax.set_xticks(range(T), labels, rotation=90, fontsize=7)
             ax.set_yticks(range(T), labels, fontsize=7)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=min(0.9, 1.6 / rows),
+                 label="attention weight")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return fig

@@ -138,26 +138,46 @@ def _plain_progress(console: Console, total: int, description: str) -> Callable:
     return step
 
 
-def heat_grid(values, *, title: str, row_label: str = "layer", spec: str = "+.1%") -> Table:
-    """A layers x heads grid: each cell formatted with `spec` and shaded by its size."""
+def heat_grid(values, *, title: str, row_label: str = "layer", spec: str = "+.1%") -> Fitted:
+    """A layers x heads grid: each cell formatted with `spec` and shaded by its size. Laid
+    out for the width it is printed at: where every head does not fit on one line, the
+    heads are split over several grids (heads 0-5, then 6-11), so no number is folded."""
     import torch
 
     v = torch.as_tensor(values, dtype=torch.float64)  # (n_rows, n_cols), NaN = not measured
     finite = v[torch.isfinite(v)]
     top = float(finite.abs().max()) if finite.numel() else 0.0
-    t = Table(title=title, caption="darker red: removing the head hurts more; blue: it helps")
-    t.add_column(row_label, justify="right", overflow="fold")
-    for col in range(v.shape[1]):
-        t.add_column(str(col), justify="right", overflow="fold")
-    for row in range(v.shape[0]):
-        cells = []
-        for x in v[row].tolist():
-            if x != x:
-                cells.append("-")
-                continue
-            level = 0 if top == 0 else min(4, int(5 * abs(x) / top))
-            colour = ("grey50", "yellow", "orange1", "red", "bold red")[level] if x >= 0 else (
-                "blue")
-            cells.append(Text(format(x, spec), style=colour))
-        t.add_row(str(row), *cells)
-    return t
+
+    def cell(x: float) -> Text:
+        if x != x:
+            return Text("-")
+        level = 0 if top == 0 else min(4, int(5 * abs(x) / top))
+        colour = ("grey50", "yellow", "orange1", "red", "bold red")[level] if x >= 0 else "blue"
+        return Text(format(x, spec), style=colour)
+
+    cells = [[cell(x) for x in row] for row in v.tolist()]
+    n_rows, n_cols = v.shape
+    wide = max([len(c.plain) for row in cells for c in row] + [len(str(n_cols - 1))])
+    label = max(len(row_label), len(str(n_rows - 1)))
+    caption = "darker red: removing the head hurts more; blue: it helps"
+
+    def build(width: int):
+        from rich.console import Group
+
+        fit = max(1, min(n_cols, (width - label - 4) // (wide + 3)))
+        per = -(-n_cols // -(-n_cols // fit))  # as even a split as fits: 6 + 6, not 11 + 1
+        grids = []
+        for first in range(0, n_cols, per):
+            cols = range(first, min(n_cols, first + per))
+            split = per < n_cols
+            t = Table(title=title + (f" (heads {cols[0]}-{cols[-1]})" if split else ""),
+                      caption=caption if first + per >= n_cols else None)
+            t.add_column(row_label, justify="right", no_wrap=True)
+            for col in cols:
+                t.add_column(str(col), justify="right", no_wrap=True, min_width=wide)
+            for row in range(n_rows):
+                t.add_row(str(row), *(cells[row][col] for col in cols))
+            grids.append(t)
+        return Group(*grids)
+
+    return Fitted(build)

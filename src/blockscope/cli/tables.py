@@ -74,14 +74,15 @@ def params(
                    method="named_parameters() of the model built from its config on the meta "
                    "device; tied parameters counted once",
                    wall_time_s=round(time.perf_counter() - started, 3))
-    slug = "-".join(Path(n).stem if Path(n).suffix == ".json" else Path(n).name for n in names)
-    stem = f"params-{slug}{f'-{n_heads}heads' if n_heads else ''}"
+    short = {n: Path(n).stem if Path(n).suffix == ".json" else Path(n).name for n in names}
+    stem = f"params-{'-'.join(short.values())}{f'-{n_heads}heads' if n_heads else ''}"
     extra = {}
-    if plot:
+    if plot:  # a checkpoint's folder name, not its whole path, under its bar
         from blockscope.plots import params_plot
 
-        extra[f"{stem}.png"] = params_plot(df, "where the parameters live: "
-                                           + ", ".join(names))
+        extra[f"{stem}.png"] = params_plot(df.assign(model=df["model"].map(short)),
+                                           "where the parameters live: "
+                                           + ", ".join(short.values()))
     write(out_path, stem, {"": df}, meta, quiet, extra=extra)
 
 
