@@ -214,8 +214,7 @@ def test_help_has_no_bool_placeholders_and_negative_numbers_get_a_hint(run):
     for command in ("ablate", "prune-heads", "resid-norm"):
         text = run(command, "--help").stdout
         assert "--quiet" in text
-        # Typer's own --help keeps its placeholder; none of blockscope's flags has one
-        assert all("--help" in line for line in text.splitlines() if "<bool>" in line), text
+        assert "<bool>" not in text, text  # not on a flag, not even on --help
     assert "<list[" not in run("prune-heads", "--help").stdout
     assert "<list[" not in run("params", "--help").stdout
     from blockscope.cli import _negative_numbers_hint
@@ -366,3 +365,90 @@ def test_the_head_grid_splits_its_heads_rather_than_fold_a_number(width):
     heads = [int(h) for line in headers for h in line.replace("┃", " ").split()[1:]]
     assert sorted(heads) == list(range(12))
     assert len(headers) == (1 if width >= 128 else 2 if width >= 69 else 3)
+
+
+def test_no_estimate_until_a_step_after_the_first(monkeypatch):
+    """A sweep's first step is its clean pass: an estimate from it alone said "about 361 s
+    left". The time left now comes from the steps after it, and none is given before."""
+    import time as clock
+
+    from blockscope import render
+
+    now = iter([0.0, 100.0, 101.0, 102.0])  # start, the clean pass, then two variants
+    monkeypatch.setattr(clock, "perf_counter", lambda: next(now))
+    buf = io.StringIO()
+    with render.progress_bar(Console(file=buf, width=100), 10, "sweep") as step:
+        for _ in range(3):
+            step()
+    lines = buf.getvalue().splitlines()
+    assert lines == ["sweep: 1/10, 100 s", "sweep: 2/10, 101 s, about 8 s left",
+                     "sweep: 3/10, 102 s, about 7 s left"]
+
+    class Task:  # what Rich's column reads of a task
+        total, fields = 10, {}
+
+        def __init__(self, completed, at):
+            self.completed, self.at = completed, at
+
+        def get_time(self):
+            return self.at
+
+    column = render._Remaining()
+    assert column.render(Task(1, 100.0)).plain == "-:--:--"
+    Task.fields = {"first_step_at": 100.0}
+    assert column.render(Task(3, 104.0)).plain == "0:00:14"  # 2 s a step, 7 steps left
+
+
+def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
+    """reproduce ran 16 minutes after one line: now one line per experiment, a bar (plain
+    lines when piped) inside each, and what is loading from the first second."""
+    from .test_reproduce import tiny_reference
+
+    res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
+                                   str(tiny_reference(tmp_path)), "--no-norm-placement",
+                                   "--out-dir", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    lines = res.stderr.splitlines()
+    stages = [line for line in lines if line.startswith("[")]
+    assert stages == ["[1/4] ablation: skipping each block",
+                      "[2/4] residual norms: BOS x raw/processed weights",
+                      "[3/4] pruning heads (gradient order)",
+                      "[4/4] head roles: previous-token, duplicate-token, induction"]
+    assert any(line.startswith("pruning heads (gradient order): ") and "left" in line
+               for line in lines)
+
+
+def test_a_piped_run_says_a_long_step_and_keeps_a_quick_refusal_one_line(monkeypatch):
+    """Piped, a spinner shows nothing: a step still running after LATE_S is said on one
+    plain line; one that ends sooner (a bad input refused at once) adds no line."""
+    buf = io.StringIO()
+    monkeypatch.setattr(cli_common, "err", Console(file=buf, width=100))
+    monkeypatch.setattr(cli_common, "LATE_S", 0.05)
+    with cli_common.status("loading tiny on cpu (float32)", quiet=False):
+        pass
+    assert buf.getvalue() == ""
+    with cli_common.status("loading tiny on cpu (float32)", quiet=False):
+        time.sleep(0.5)
+    assert buf.getvalue() == "loading tiny on cpu (float32) ...\n"
+    with cli_common.status("loading tiny on cpu (float32)", quiet=True):
+        time.sleep(0.2)
+    assert buf.getvalue() == "loading tiny on cpu (float32) ...\n"
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_help_never_cuts_an_option_or_a_default(columns):
+    """`reproduce --help` cut `--no-norm-place...` and `[default: experiments/arti...]` in
+    Typer's boxed panels. Every command's help now names each option and default whole."""
+    from blockscope.cli.common import app as typer_app
+
+    def helped(name):  # at the terminal's width (CliRunner's own default is 80)
+        return CliRunner().invoke(app, [name, "--help"], terminal_width=columns).stdout
+
+    text = helped("reproduce")
+    assert "--norm-placement / --no-norm-placement" in text
+    assert "[default: experiments/article.toml]" in " ".join(text.split())
+    for info in typer_app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")
+        text = helped(name)
+        assert "\u2026" not in text and "<bool>" not in text, (name, text)
+        assert max(map(len, text.splitlines())) <= columns, (name, text)

@@ -83,6 +83,7 @@ def test_ablation_plot_draws_the_paired_intervals(tiny):
 @pytest.mark.parametrize("ppl, want", [
     ([100.0, 99.8, 100.3, 99.5], {"0.998", "1", "1.002"}),  # a narrow span: every tick
     ([22.2, 1684.0, 28.3, 23.4], {"1", "10"}),  # over decades: the decades at least
+    ([2.0, 4e5, 6000.0, 2.5], {"1", "10", "100", "1,000", "10,000", "100,000"}),  # one style
 ])
 def test_ablation_axis_labels_are_plain_numbers(ppl, want):
     """The log axis of perplexity / baseline is labelled 0.998 and 1.002, not 1e+00, and a
@@ -164,7 +165,7 @@ def test_head_roles_picture_has_whole_ticks_and_nothing_overlaps(n_layers, n_hea
     assert [ax.get_ylabel() for ax in fig.axes[:3]] == ["layer", "", ""]  # shared, said once
 
 
-@pytest.mark.parametrize("layers, heads", [([5], [1, 5]), ([0, 5, 11], None)])
+@pytest.mark.parametrize("layers, heads", [([5], [1, 5]), ([0, 5, 11], [0, 1, 2, 3])])
 def test_attention_picture_has_a_colour_bar_and_its_title_clear(layers, heads):
     import pandas as pd
 

@@ -195,3 +195,26 @@ def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
     monkeypatch.setattr(rp, "SOURCE_TREE", tmp_path)  # no checkout around it
     settings, figures = rp.load_reference(rp.DEFAULT_REFERENCE)
     assert figures and Path(settings["ablate"]["text"]).is_file()
+
+
+def test_one_experiments_figures_share_their_decimals():
+    """The ablate rows were 22.184 beside 1,684.30: two digits finer than each figure is
+    printed. One experiment's figures in one unit now share the finest of them."""
+    from blockscope.reproduce import Figure, compare
+
+    figures = [Figure("ablate", "baseline perplexity", "22.2", "ablate.baseline"),
+               Figure("ablate", "first block removed", "1,684", "ablate.block1"),
+               Figure("ablate", "tokens", "469", "ablate.n_tokens"),
+               Figure("params", "total", "124.4", "params.total", unit="million")]
+    table = compare(figures, {"ablate.baseline": 22.18437, "ablate.block1": 1684.29731,
+                              "ablate.n_tokens": 469.0, "params.total": 124_439_808.0}, {})
+    assert list(table["measured_text"]) == ["22.184", "1,684.297", "469", "124.440 million"]
+    assert list(table["difference_text"][:2]) == ["-0.016", "+0.297"]
+
+
+def test_norm_placement_numbers_read_alike():
+    """24 beside 32.4: three significant figures, trailing zeros kept."""
+    from blockscope.render import sig3
+
+    assert [sig3(x) for x in (24, 32.4, 0.00123, 5, 999.9, 1234.5)] == [
+        "24.0", "32.4", "0.00123", "5.00", "1,000", "1,234"]

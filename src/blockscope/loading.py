@@ -27,6 +27,12 @@ GETTING_A_MODEL = (f"run with --model {OFFLINE_MODEL} (a real trained model bloc
                    "see the README's \"Getting a model\"")
 
 
+def check_checkpoint(spec: ModelSpec, allow_pickle: bool = False) -> None:
+    """What can be refused about a local checkpoint from its files alone, before any load."""
+    if spec.is_local:
+        _check_local_checkpoint(Path(spec.source), allow_pickle)
+
+
 def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
     if not path.is_dir():
         raise BlockscopeError(f"--model {path}: not a directory holding an HF checkpoint")

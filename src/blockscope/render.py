@@ -21,12 +21,24 @@ from rich.text import Text
 
 
 def fmt(value, spec: str = ",.2f") -> str:
-    """Format a number with `spec` ("s" for as-is); missing values as "-"."""
+    """Format a number with `spec` ("s" for as-is, "sig3" for `sig3`); missing as "-"."""
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return "-"
+    if spec == "sig3":
+        return sig3(float(value))
     if spec != "s" and isinstance(value, numbers.Number) and not isinstance(value, bool):
         return format(value, spec)
     return str(value)
+
+
+def sig3(x: float) -> str:
+    """Three significant figures, trailing zeros kept so a column reads alike (24.0 beside
+    32.4, not 24), plain below 1,000 and with thousands commas above: never 1.2e+03."""
+    if x != x:
+        return "-"
+    if abs(float(format(x, ".3g"))) >= 1000:
+        return f"{x:,.0f}"
+    return format(x, "#.3g").rstrip(".")
 
 
 def table(
@@ -103,37 +115,83 @@ def progress_bar(
         yield _plain_progress(console, total, description)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+               TimeElapsedColumn(), TextColumn("eta"), _Remaining())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(description, total=total)
 
         def step(total: int | None = None) -> None:
             if total is None:
                 progress.advance(task)
+                fields = progress.tasks[task].fields
+                if fields.get("first_step_at") is None:  # the estimate starts after it
+                    fields["first_step_at"] = progress.get_time()
             else:
                 progress.update(task, total=total)
 
         yield step
 
 
+class _Remaining(TimeRemainingColumn):
+    """The time left from the steps after the first: a sweep's first step is its clean pass
+    (or a fit's first batch), not a variant, and Rich's own estimate from it alone was far
+    off ("about 361 s left"). "-:--:--" until a step after the first has finished."""
+
+    def render(self, task):
+        if task.completed < 2 or task.total is None:
+            return Text("-:--:--", style="progress.remaining")
+        first = task.fields.setdefault("first_step_at", None)
+        if first is None:
+            return Text("-:--:--", style="progress.remaining")
+        rate = (task.get_time() - first) / (task.completed - 1)  # seconds per later step
+        return Text(_clock(rate * (task.total - task.completed)), style="progress.remaining")
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Stages:
+    """A long run's experiments, each said on one line (`[2/5] residual norms: ...`) with
+    its own progress bar: `with stages(description, n_steps) as step: ... step()`."""
+
+    def __init__(self, console: Console, total: int, enabled: bool = True):
+        self.console, self.total, self.enabled, self.done = console, total, enabled, 0
+
+    @contextmanager
+    def __call__(self, description: str, n_steps: int) -> Iterator[Callable[[], None]]:
+        self.done += 1
+        if self.enabled:
+            self.console.print(f"[{self.done}/{max(self.total, self.done)}] {description}",
+                               highlight=False, soft_wrap=True)
+        with progress_bar(self.console, n_steps, description.split(":")[0],
+                          self.enabled) as step:
+            yield step
+
+
 def _plain_progress(console: Console, total: int, description: str) -> Callable:
     """Progress as plain lines (`description: 5/13, 12 s, about 19 s left`) each tenth."""
     import time
 
-    state = {"done": 0, "total": max(1, total), "start": time.perf_counter(), "shown": 0}
+    state = {"done": 0, "total": max(1, total), "start": time.perf_counter(), "shown": 0,
+             "first": None}
 
     def step(total: int | None = None) -> None:
         if total is not None:
             state["total"] = max(1, total)
             return
         state["done"] += 1
+        now = time.perf_counter()
+        if state["first"] is None:
+            state["first"] = now  # the estimate comes from the steps after the first
         tenth = 10 * state["done"] // state["total"]
         if tenth > state["shown"]:
             state["shown"] = tenth
-            spent = time.perf_counter() - state["start"]
-            left = spent / state["done"] * (state["total"] - state["done"])
-            console.print(f"{description}: {state['done']}/{state['total']}, {spent:.0f} s, "
-                          f"about {left:.0f} s left", highlight=False, soft_wrap=True)
+            spent, done, n = now - state["start"], state["done"], state["total"]
+            per = (now - state["first"]) / (done - 1) if done >= 2 else None
+            left = "" if per is None or done == n else f", about {per * (n - done):.0f} s left"
+            console.print(f"{description}: {done}/{n}, {spent:.0f} s{left}",
+                          highlight=False, soft_wrap=True)
 
     return step
 

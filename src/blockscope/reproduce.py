@@ -8,6 +8,7 @@ pruning headline); `compare` lines them up, marking what is within the article's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tomllib
 from dataclasses import dataclass
@@ -44,11 +45,17 @@ class Figure:
         step = 10.0 ** -len(digits) * UNITS[self.unit]
         return step if self.cut else step / 2
 
-    def show(self, x: float | None, sign: bool = False) -> str:
-        """`x` in the figure's unit, two digits finer than the article prints it."""
+    @property
+    def digits(self) -> int:
+        """Decimals the article prints."""
+        return len(self.article.split(".")[1]) if "." in self.article else 0
+
+    def show(self, x: float | None, sign: bool = False, digits: int | None = None) -> str:
+        """`x` in the figure's unit, two digits finer than the article prints it (or than
+        `digits`: `compare` gives one experiment's figures in a unit the same decimals)."""
         if x is None:
             return ""
-        digits = len(self.article.split(".")[1]) if "." in self.article else 0
+        digits = self.digits if digits is None else digits
         v = x / UNITS[self.unit]
         spec = f"{'+' if sign else ''},.{digits + 2 if v != int(v) else 0}f"
         return format(v, spec) + (f" {self.unit}" if self.unit else "")
@@ -155,9 +162,17 @@ def _shape_measures(model, settings: dict) -> dict:
     return out
 
 
-def model_measures(model, settings: dict, *, load_processed=None, progress=None) -> tuple:
+@contextlib.contextmanager
+def no_stage(description: str, total: int):
+    """A `stage` that shows nothing: `with stage(what, n_steps) as step: ... step()`."""
+    yield lambda total=None: None
+
+
+def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage) -> tuple:
     """(measures, frames): block ablation, residual norms for each BOS x weights variant
-    (`load_processed()` gives the model with processed weights), prune-heads headline."""
+    (`load_processed()` gives the model with processed weights), prune-heads headline.
+    `stage(description, n_steps)` gives each experiment's progress callback (the CLI: one
+    line and a bar per experiment)."""
     from blockscope.ablate import block_ablation
     from blockscope.pruning import prunable, pruning_curve
     from blockscope.resid_norm import resid_norms
@@ -168,7 +183,8 @@ def model_measures(model, settings: dict, *, load_processed=None, progress=None)
         a = settings["ablate"]
         ids = tokenize(model.tokenizer, read_passage(a["text"]).text,
                        prepend_bos=a.get("prepend_bos", True), max_tokens=a.get("max_tokens"))
-        df = block_ablation(model, ids, progress=progress)
+        with stage("ablation: skipping each block", model.cfg.n_layers + 1) as step:
+            df = block_ablation(model, ids, progress=step)
         frames["ablate"] = df
         middle = df.iloc[2:-1]["perplexity"]  # blocks 2..n-1, counted from 1
         out.update({"ablate.baseline": df.loc[0, "perplexity"], "ablate.block1":
@@ -178,24 +194,27 @@ def model_measures(model, settings: dict, *, load_processed=None, progress=None)
     if "resid_norm" in settings:
         prompt = settings["resid_norm"]["prompt"]
         processed = None
-        for bos, proc in RESID_VARIANTS:
-            if proc and processed is None:
-                if load_processed is None:
-                    continue
-                processed = load_processed()
-            lm = processed if proc else model
-            df = resid_norms(lm, tokenize(lm.tokenizer, prompt, prepend_bos=bos))
-            name = resid_variant(bos, proc)
-            frames[f"resid-norm {name}"] = df.assign(variant=name, prompt=prompt)
-            norms = df.set_index("after")["norm"]
-            for point, value in norms.items():
-                out[f"resid.{point}|{name}"] = float(value)
-            out[f"resid.growth|{name}"] = float(norms.iloc[-1] / norms.iloc[0])
+        variants = [(b, p) for b, p in RESID_VARIANTS if not p or load_processed is not None]
+        with stage("residual norms: BOS x raw/processed weights", len(variants)) as step:
+            for bos, proc in variants:
+                if proc and processed is None:
+                    processed = load_processed()
+                lm = processed if proc else model
+                df = resid_norms(lm, tokenize(lm.tokenizer, prompt, prepend_bos=bos))
+                name = resid_variant(bos, proc)
+                frames[f"resid-norm {name}"] = df.assign(variant=name, prompt=prompt)
+                norms = df.set_index("after")["norm"]
+                for point, value in norms.items():
+                    out[f"resid.{point}|{name}"] = float(value)
+                out[f"resid.growth|{name}"] = float(norms.iloc[-1] / norms.iloc[0])
+                step()
     if "prune_heads" in settings:
         p = settings["prune_heads"]
         ids = tokenize(model.tokenizer, read_passage(p["text"]).text, prepend_bos=True,
                        max_tokens=p.get("max_tokens"))
-        curve = pruning_curve(model, ids, order="gradient")
+        n_heads = model.cfg.n_layers * model.cfg.n_heads
+        with stage("pruning heads (gradient order)", n_heads + 1) as step:
+            curve = pruning_curve(model, ids, order="gradient", progress=step)
         frames["prune-heads curve"] = curve
         best = prunable(curve, p.get("tolerance", 0.05))
         n_total = model.cfg.n_layers * model.cfg.n_heads
@@ -220,15 +239,20 @@ def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
     article's with no difference and no verdict (`reproduce_sections.article_claims`
     compares the claims instead)."""
     rows = []
+    digits: dict = {}  # one experiment's figures in one unit, at one precision: 22.184, 1,684.297
+    for f in figures:
+        key = (f.experiment, f.unit)
+        digits[key] = max(digits.get(key, 0), f.digits)
     for f in figures:
         keys = [k for k in measured if k == f.measure or k.startswith(f.measure + "|")]
+        shared = digits[(f.experiment, f.unit)]
         if not keys:
             row = _row(f, None, None, commands)
             if model_loaded:
                 row["status"] = "not in this model"
             rows.append(row)
         for k in keys:
-            row = _row(f, measured[k], k.partition("|")[2] or None, commands)
+            row = _row(f, measured[k], k.partition("|")[2] or None, commands, shared)
             if other and k in own:
                 row.update(difference=None, difference_text="", within_rounding=None,
                            status=f"{other}'s own figure")
@@ -236,12 +260,12 @@ def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
     return pd.DataFrame(rows)
 
 
-def _row(f: Figure, value, variant, commands) -> dict:
+def _row(f: Figure, value, variant, commands, digits: int | None = None) -> dict:
     diff = None if value is None else value - f.value
     row = {"experiment": f.experiment, "figure": f.name, "variant": variant or "",
            "article": f.article + (f" {f.unit}" if f.unit else ""), "article_value": f.value,
-           "measured": value, "difference": diff, "measured_text": f.show(value),
-           "difference_text": f.show(diff, sign=True),
+           "measured": value, "difference": diff, "measured_text": f.show(value, digits=digits),
+           "difference_text": f.show(diff, sign=True, digits=digits),
            "tolerance": f.tolerance, "within_rounding": None, "status": "needs the model",
            "command": commands.get(f.experiment, "")}
     if value is not None:

@@ -11,10 +11,13 @@ from dataclasses import replace
 
 import pandas as pd
 
+from blockscope.reproduce import no_stage
 
-def norm_measures(settings: dict) -> tuple[pd.DataFrame, dict]:
+
+def norm_measures(settings: dict, stage=None) -> tuple[pd.DataFrame, dict]:
     """`norm-placement` with the reference's [norm_placement] settings: (each claim beside
-    what was measured, {"norm-init": per-layer summary, "norm-train": training rows})."""
+    what was measured, {"norm-init": per-layer summary, "norm-train": training rows});
+    `stage` as `reproduce.model_measures` takes it."""
     from blockscope import norm_placement as npl
     from blockscope.loading import load_config
     from blockscope.norm_stack import StackConfig
@@ -33,9 +36,12 @@ def norm_measures(settings: dict) -> tuple[pd.DataFrame, dict]:
                                         s.get("train_heads", 4), n_ctx=tc.seq_len,
                                         d_vocab=256)
     data = npl.byte_ids(read_passage(s.get("text", "data/alice.txt")).text)
-    _, trained, summary, claims = npl.run_all(init_cfg, train_cfg, data, tc,
-                                              max_tokens=s.get("max_tokens", 256),
-                                              seeds=s.get("seeds", 5))
+    seeds = s.get("seeds", 5)
+    with (stage or no_stage)("norm-placement: gradients at initialization, then training",
+                             4 * seeds + 4 * tc.steps) as step:
+        _, trained, summary, claims = npl.run_all(init_cfg, train_cfg, data, tc,
+                                                  max_tokens=s.get("max_tokens", 256),
+                                                  seeds=seeds, progress=(step, step))
     return claims, {"norm-init": summary, "norm-train": trained}
 
 

