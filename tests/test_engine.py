@@ -271,3 +271,41 @@ def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
                               torch.tensor(b["perplexity"].tolist()), rtol=REL, atol=0)
     with pytest.raises(ValueError, match="another engine or method"):
         heads_sweep(tiny, ids, method="mean", stride=100, prepared=prepare(tiny, ids, stride=100))
+
+
+@pytest.mark.parametrize("slip", ["block fill", "heads"])
+def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip, monkeypatch):
+    """The identities the entries rely on all hold here; only what an entry writes is wrong
+    (the mean fill subtracted, or a head's change with its sign flipped). The first variant
+    of each kind is held to the hooked model, so the run falls back to the naive loop,
+    says so, and gives the reference's numbers; without the slip it does not fall back."""
+    from dataclasses import replace
+
+    from blockscope import plan
+
+    sweep = ((lambda **kw: block_ablation(tiny, ids, part="block", method="mean", stride=100,
+                                          **kw)) if slip == "block fill" else
+             (lambda **kw: heads_sweep(tiny, ids, method="mean", stride=100, **kw)))
+    honest = sweep()
+    assert "fallback" not in honest.attrs["engine"]
+    naive = sweep(engine="naive")
+    same(naive, honest)
+    original = plan.start
+
+    def slipped(model, lay, v):
+        s = original(model, lay, v)
+        if slip == "block fill" and s.kind == "block":
+            k = s.layer - 1
+            return replace(s, resid=lambda c, f=s.resid: 2 * c.pre[k] - f(c))  # pre - fill
+        if slip == "heads" and s.kind == "heads":
+            base = (lambda c: c.entering(s.layer)) if not s.mid else (
+                lambda c: c.act("hook_resid_mid", s.layer))
+            return replace(s, resid=lambda c, f=s.resid: 2 * base(c) - f(c))  # - delta
+        return s
+
+    monkeypatch.setattr(plan, "start", slipped)
+    caught = sweep()
+    kind = "block" if slip == "block fill" else "heads"
+    assert f"its {kind} entry" in caught.attrs["engine"]["fallback"]
+    assert caught.attrs["engine"]["replay"] == "naive"
+    same(naive, caught)

@@ -59,6 +59,8 @@ class Start:
     relies_on: str | None = None  # an identity the entry assumes, for selfcheck: "heads"
     #   (a layer's attention write = sum_h z_h W_O[h] + b_O) or "halves" (a parallel
     #   block's output = input + attention write + MLP write)
+    kind: str = "hooked"  # the entry's form ("block", "half", "mlp", "attn", "heads",
+    #   "hooked"): plan.check_variants holds the first variant of each to the hooked model
 
 
 @contextmanager

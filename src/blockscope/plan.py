@@ -22,6 +22,7 @@ from blockscope.errors import BlockscopeError
 from blockscope.interventions import hooks
 from blockscope.parallel import total
 from blockscope.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
+from blockscope.text import Window
 
 ENGINES = ("cached", "naive")
 
@@ -104,25 +105,26 @@ def start(model, lay: arch.Layout, v: Variant) -> engine.Start:
         return f if fill is None else (lambda c: f(c) + fill.to(c.pre[0]))
 
     if e.component == "block":  # output := input (+ mean contribution)
-        return engine.Start(v.label, k + 1, plus(lambda c: c.pre[k]))
+        return engine.Start(v.label, k + 1, plus(lambda c: c.pre[k]), kind="block")
     if e.component in ("attn", "mlp") and lay.parallel:  # output minus that write
         write = f"hook_{e.component}_out"
         return engine.Start(v.label, k + 1, plus(lambda c: c.entering(k + 1) - c.act(write, k)),
-                            relies_on="halves")
+                            relies_on="halves", kind="half")
     if e.component == "mlp":  # sequential: output := mid (+ fill)
-        return engine.Start(v.label, k + 1, plus(lambda c: c.act("hook_resid_mid", k)))
+        return engine.Start(v.label, k + 1, plus(lambda c: c.act("hook_resid_mid", k)),
+                            kind="mlp")
     if not lay.mlp_alone:  # no entry at the mid residual
         return generic
     if e.component == "attn":  # sequential: mid := input (+ fill), then the MLP half
-        return engine.Start(v.label, k, plus(lambda c: c.pre[k]), mid=True)
+        return engine.Start(v.label, k, plus(lambda c: c.pre[k]), mid=True, kind="attn")
     if not lay.linear_heads:
         return generic
     delta = _heads_delta(model, k, e.keep, e.fill)
     if lay.parallel:
         return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + delta(c),
-                            relies_on="heads")
+                            relies_on="heads", kind="heads")
     return engine.Start(v.label, k, lambda c: c.act("hook_resid_mid", k) + delta(c),
-                        mid=True, relies_on="heads")
+                        mid=True, relies_on="heads", kind="heads")
 
 
 def _heads_delta(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | None) -> Callable:
@@ -205,7 +207,7 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
     for k, ids in enumerate(docs.ids):
         wins = model_windows(model, ids, stride)
         nlls, how = _score(model, ids, wins, variants, starts, prepared, one, batch_size,
-                           progress if one else None, on_clean)
+                           progress if one else None, on_clean, check=k == 0)
         units += doc_units(docs.index[k], torch.stack(nlls), docs.unit)
         hows.append(how)
         if not one:
@@ -218,9 +220,10 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
 
 
 def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool, batch_size,
-           progress, on_clean) -> tuple[list[torch.Tensor], dict]:
+           progress, on_clean, check: bool = True) -> tuple[list[torch.Tensor], dict]:
     """One document's per-token NLL, baseline first, and how it ran (`cached`: the clean
-    or baseline passes in `prepared` are this document's)."""
+    or baseline passes in `prepared` are this document's; `check`: hold the engine's
+    variants to the hooked model on this document, `check_variants`)."""
     if starts is None:
         refs = prepared.reference if cached else (
             _reference(model, ids, wins) if on_clean else None)
@@ -234,14 +237,57 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
     for c in cleans if on_clean else ():
         on_clean(c)
     try:
-        return engine.engine_nlls(model, ids, starts, wins=wins, cleans=cleans,
-                                  batch_size=batch_size, progress=progress)
+        nlls, how = engine.engine_nlls(model, ids, starts, wins=wins, cleans=cleans,
+                                       batch_size=batch_size, progress=progress)
+        if check:
+            check_variants(model, ids, wins[0], cleans[0], nlls, variants, starts)
+        return nlls, how
     except engine.ReplayMismatch as exc:
         # the baseline too: the clean passes scored it through the replayed unembedding
         return (naive_nlls(model, ids, variants, wins=wins, progress=progress),
                 {"replay": "naive", "batch_size": 1,
                  "fallback": f"the cached engine's self-check failed: {exc}; every variant "
                  "was scored by the naive loop"})
+
+
+CHECKED_TOKENS = 64  # the first window's first targets on which each entry kind is held
+
+
+def check_variants(model, ids, w: Window, c: clean.Clean, nlls: list[torch.Tensor], variants,
+                   starts) -> None:
+    """The first variant of each entry kind (block, half, heads ...), as the engine scored
+    it (`nlls`: baseline first, each over every window, window `w` = the first, first), held
+    to the hooked model (its edits as hooks: the naive loop's forward) on the first
+    CHECKED_TOKENS targets of `w` (a causal model's NLL there needs only that prefix). They
+    must agree to a few units of float rounding (8 x `selfcheck.tolerance`, relative to
+    the larger of 1 nat and the largest NLL), or `ReplayMismatch`: an entry that writes the
+    wrong thing never gives a number, whatever the identities it relies on. Once per kind
+    and clean pass `c` of `w` (a pruning curve's steps share the verdicts)."""
+    from blockscope.selfcheck import tolerance
+
+    firsts: dict[str, int] = {}
+    for i, s in enumerate(starts):
+        verdict = c.checked.get(("variant", s.kind))
+        if isinstance(verdict, engine.ReplayMismatch):
+            raise verdict
+        if verdict is None:
+            firsts.setdefault(s.kind, i)
+    if not firsts:
+        return
+    n = min(CHECKED_TOKENS, w.end - w.first_target)
+    prefix = Window(w.begin, w.first_target + n, w.first_target)
+    want = naive_nlls(model, ids, [variants[i] for i in firsts.values()], wins=[prefix],
+                      baseline_nll=nlls[0][:n])
+    limit = 8 * tolerance(model.cfg.dtype)
+    for (kind, i), reference in zip(firsts.items(), want[1:], strict=True):
+        got = nlls[i + 1][:n]
+        err = float((got - reference).abs().max() / reference.abs().max().clamp_min(1.0))
+        c.checked[("variant", kind)] = True
+        if not err <= limit:
+            c.checked[("variant", kind)] = engine.ReplayMismatch(
+                f"its {kind} entry ({variants[i].label}) differs from the hooked model by "
+                f"{err:.1e} relative on the first {n} tokens (allowed: {limit:.0e})")
+            raise c.checked[("variant", kind)]
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:

@@ -13,7 +13,9 @@ max abs value), from every entry kind the sweep uses:
   against the model's own logits for the window's last scored positions.
 
 A failure raises `ReplayMismatch`, and `plan.scores` scores that document with the naive
-loop instead, saying so. Never a silent wrong number.
+loop instead, saying so. Never a silent wrong number. The identities say the replay is
+right; `plan.check_variants` then holds what each entry writes: the first variant of each
+kind, as the engine scored it, against the hooked model on the first window's first tokens.
 """
 
 from __future__ import annotations
