@@ -309,3 +309,29 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
     assert f"its {kind} entry" in caught.attrs["engine"]["fallback"]
     assert caught.attrs["engine"]["replay"] == "naive"
     same(naive, caught)
+
+
+@pytest.mark.parametrize("cls, patched", [
+    ("SkipBlock", lambda self, post, pre: 0.5 * (pre + post)),  # half the block's write
+    ("RemoveWrite", lambda self, write: 0.3 * write),  # the half's write scaled, not removed
+    ("ScaleHeads", lambda self, z: z * self.keep.to(z.dtype)[:, None] * 0.5 + 0.5 * z),
+])
+def test_apply_is_the_one_statement_of_what_is_written(tiny, ids, cls, patched, monkeypatch):
+    """Change an intervention's `apply` alone: the naive loop (its hooks) and the cached
+    engine (its entries) both follow, equal to each other, the variant check content."""
+    from blockscope import interventions
+
+    def sweep(**kw):
+        if cls == "ScaleHeads":
+            return heads_sweep(tiny, ids, stride=100, **kw)
+        return block_ablation(tiny, ids, part="block" if cls == "SkipBlock" else "mlp",
+                              stride=100, **kw)
+
+    before = sweep()
+    monkeypatch.setattr(getattr(interventions, cls), "apply", patched)
+    naive, cached = sweep(engine="naive"), sweep()
+    assert "fallback" not in cached.attrs["engine"]
+    same(naive, cached)
+    moved = (torch.tensor(cached["perplexity"].tolist()[1:])
+             / torch.tensor(before["perplexity"].tolist()[1:]) - 1).abs()
+    assert moved.max() > 1e-4  # the patch changed what the variants write

@@ -7,7 +7,8 @@ import torch
 from blockscope import unembed
 from blockscope.ablate import block_ablation
 from blockscope.heads import single_head_ablation
-from blockscope.interventions import Edit, applied, hooks
+from blockscope.interventions import applied, hooks
+from blockscope.interventions import intervention as Edit
 from blockscope.loading import load_model, spec_for
 from blockscope.text import tokenize
 from blockscope.toy import save_checkpoint

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pandas as pd
-import torch
 
 from blockscope import plan
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import PART_HOOKS, Edit
+from blockscope.interventions import intervention
 from blockscope.similarity import BlockSimilarity, spearman
 from blockscope.stats import Bootstrap
 from blockscope.sweep import Progress, Variant
@@ -23,20 +22,6 @@ from blockscope.sweep import Progress, Variant
 PARTS = ("block", "attn", "mlp")
 METHODS = ("zero", "mean")
 ENGINES = plan.ENGINES
-
-
-def _mean_hook_names(layer: int, part: str) -> list[str]:
-    if part == "block":
-        return [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_resid_post"]
-    return [f"blocks.{layer}.{PART_HOOKS[part]}"]
-
-
-def _fill(means: dict, layer: int, part: str) -> torch.Tensor | None:
-    """What the removed part writes instead: None (zero) or its clean mean."""
-    if not means:
-        return None
-    value = [means[n] for n in _mean_hook_names(layer, part)]
-    return value[1] - value[0] if part == "block" else value[0]  # block: post - pre
 
 
 def block_ablation(
@@ -76,10 +61,13 @@ def block_ablation(
     if any(not 0 <= i < n_layers for i in layers):
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
     docs = as_docs(tokens)
-    names = [n for i in layers for n in _mean_hook_names(i, part)] if method == "mean" else []
+    edits = [intervention(part, i) for i in layers]
+    names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
     prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names)
-    variants = [Variant({"layer": i, "part": part, "method": method},
-                        (Edit(part, i, _fill(prepared.means, i, part)),)) for i in layers]
+    if method == "mean":
+        edits = [e.with_mean(prepared.means) for e in edits]
+    variants = [Variant({"layer": e.layer, "part": part, "method": method}, (e,))
+                for e in edits]
     similarity = BlockSimilarity(n_layers, part)  # from the clean passes either engine runs
     df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
                   batch_size=batch_size, progress=progress, ci=ci, on_clean=similarity.add)

@@ -3,7 +3,7 @@
 The clean pass of each window keeps each block's input residual (`hook_resid_pre`), the
 points the layout has between (mid residual, or each half's write in a parallel block), each
 head's `z` when asked, and the arguments the model hands each block (mask, positions). The
-variants are `sweep.Variant`s: records of `interventions.Edit`s, the same ones the naive loop
+variants are `sweep.Variant`s: records of interventions, the same ones the naive loop
 turns into hooks. `plan.start` derives from an edit and the architecture layer (`arch.py`)
 where to enter the stack:
 

@@ -20,7 +20,7 @@ import torch
 from blockscope import plan
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import Edit, applied, mask_heads
+from blockscope.interventions import ScaleHeads, applied, mask_heads
 from blockscope.parallel import total
 from blockscope.stats import Bootstrap
 from blockscope.sweep import Progress, Variant, model_windows, window_nll
@@ -41,7 +41,8 @@ def prepare_fill(model, docs, stride, method: str, engine: str,
     layer's clean mean z over positions (n_heads, d_head)."""
     if method not in ("zero", "mean"):
         raise BlockscopeError("--method must be zero or mean")
-    names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
+    names = [n for i in range(model.cfg.n_layers)  # where each layer's mean z is read
+             for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
     if prepared is None:
         prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
                                 mean_names=names if method == "mean" else ())
@@ -55,7 +56,7 @@ def prepare_fill(model, docs, stride, method: str, engine: str,
 
 def _head_sweep(model, docs, items, *, prepared, fill, **kw):
     """Score `items` = [(label, layer, keep (n_heads,))], each changing one layer's heads."""
-    variants = [Variant(label, (Edit("heads", layer, fill[layer] if fill else None, keep),))
+    variants = [Variant(label, (ScaleHeads(layer, keep, fill[layer] if fill else None),))
                 for label, layer, keep in items]
     return plan.run(model, docs, variants, prepared=prepared, **kw)
 

@@ -1,19 +1,25 @@
-"""Interventions as data, their one definition as hooks, and a context manager for hooks.
+"""Interventions: what a variant writes instead, stated once, in `apply`.
 
-An `Edit` says what changes (a block, one half's write, or heads), at which layer, and what
-is written instead (nothing, or a clean mean). `hooks(edits)` is its only definition as
-TransformerLens hooks `[(hook_name, fn), ...]`: the naive loop runs exactly these, and the
-engine (engine.py) derives from the same records where a variant first departs from the
-clean pass, running these hooks wherever it cannot enter later. `applied(model, hooks)` adds
-hooks for the duration of a `with` block (TransformerLens's `model.hooks`, which removes them
-in `finally`).
+An intervention is a small record (pyvene's intervention classes) at one layer, with one
+`apply(activation) -> activation'`, the only statement of what it writes instead:
+
+- `SkipBlock`: the block's output := its input (+ a clean-mean fill);
+- `RemoveWrite`: one half's write to the stream (`hook_attn_out`/`hook_mlp_out`) := zeros,
+  or a clean mean;
+- `ScaleHeads`: each head's z := keep * z + (1 - keep) * fill (keep 0 removes a head).
+
+Every engine uses `apply`: the naive loop runs it as TransformerLens hooks (`hooks`), the
+cached engine (`plan.start`) applies it to the cached clean activation and carries the
+change into the stream (as is for a write, through W_O for z), and the gradient replay
+scales z with it. `applied(model, hooks)` adds hooks for a `with` block (TransformerLens's
+`model.hooks`, which removes them in `finally`). A new intervention is one class here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,38 +29,128 @@ COMPONENTS = ("block", "attn", "mlp", "heads")
 
 
 @dataclass(frozen=True, eq=False)
-class Edit:
-    """One change to the forward pass: a pyvene-style intervention record."""
+class SkipBlock:
+    """Block `layer` skipped: its output is its input, plus `fill` (d_model,) if given (its
+    mean clean contribution, post - pre)."""
 
-    component: str  # "block" (output := input), "attn"/"mlp" (that half's write), "heads"
-    layer: int  # 0-based block index
-    fill: torch.Tensor | None = None  # written instead: None (nothing) or a clean mean:
-    #   block/attn/mlp (d_model,) (for a block: its mean contribution post - pre);
-    #   heads (n_heads, d_head), the mean z of each head
-    keep: torch.Tensor | None = None  # heads only: (n_heads,) scale per head, 0 removes it
+    layer: int
+    fill: torch.Tensor | None = None
+    component = "block"
 
-    def __post_init__(self):
-        if self.component not in COMPONENTS:
-            raise ValueError(f"unknown component {self.component!r}")
-        if (self.component == "heads") != (self.keep is not None):
-            raise ValueError("`keep` goes with component 'heads', and only with it")
+    def apply(self, resid_post: torch.Tensor, resid_pre: torch.Tensor) -> torch.Tensor:
+        """The block's output `(..., d_model)`, given what it received."""
+        return resid_pre if self.fill is None else resid_pre + self.fill.to(resid_pre.dtype)
+
+    def mean_points(self) -> list[str]:
+        """The hook points whose clean means give the mean fill (`with_mean`)."""
+        return [f"blocks.{self.layer}.hook_resid_pre", f"blocks.{self.layer}.hook_resid_post"]
+
+    def with_mean(self, means: dict[str, torch.Tensor]) -> SkipBlock:
+        """This skip with its mean clean contribution as the fill: mean post - mean pre."""
+        pre, post = (means[n] for n in self.mean_points())
+        return replace(self, fill=post - pre)
+
+    def hooks(self) -> list[Hook]:
+        stash: list[torch.Tensor] = []
+
+        def save(resid_pre: torch.Tensor, hook=None) -> None:  # (batch, pos, d_model)
+            stash.append(resid_pre)
+
+        def restore(resid_post: torch.Tensor, hook=None) -> torch.Tensor:
+            return self.apply(resid_post, stash.pop())
+
+        return [(f"blocks.{self.layer}.hook_resid_pre", save),
+                (f"blocks.{self.layer}.hook_resid_post", restore)]
+
+
+@dataclass(frozen=True, eq=False)
+class RemoveWrite:
+    """One half's write to the stream (`part` "attn" or "mlp") replaced by zeros, or by
+    `fill` (d_model,), its clean mean."""
+
+    part: str
+    layer: int
+    fill: torch.Tensor | None = None
+
+    @property
+    def component(self) -> str:
+        return self.part
+
+    @property
+    def point(self) -> str:
+        return f"blocks.{self.layer}.{PART_HOOKS[self.part]}"
+
+    def apply(self, write: torch.Tensor) -> torch.Tensor:
+        """What is written instead of `write` `(..., d_model)`."""
+        if self.fill is None:
+            return torch.zeros_like(write)
+        return self.fill.to(write.dtype).expand_as(write)
+
+    def mean_points(self) -> list[str]:
+        return [self.point]
+
+    def with_mean(self, means: dict[str, torch.Tensor]) -> RemoveWrite:
+        """This removal writing the half's clean mean instead."""
+        return replace(self, fill=means[self.point])
+
+    def hooks(self) -> list[Hook]:
+        return [(self.point, lambda act, hook=None: self.apply(act))]
+
+
+@dataclass(frozen=True, eq=False)
+class ScaleHeads:
+    """Layer `layer`'s heads scaled by `keep` (n_heads,): keep 1 leaves a head alone, 0
+    removes it, its z replaced by `fill` (n_heads, d_head) if given (its clean mean)."""
+
+    layer: int
+    keep: torch.Tensor
+    fill: torch.Tensor | None = None
+    component = "heads"
+
+    def apply(self, z: torch.Tensor) -> torch.Tensor:
+        """z' for z `(..., n_heads, d_head)`: keep * z + (1 - keep) * fill per head."""
+        k = self.keep.to(z.dtype)[:, None]  # (n_heads, 1), broadcast over d_head
+        out = z * k
+        return out if self.fill is None else out + (1 - k) * self.fill.to(z.dtype)
+
+    def mean_points(self) -> list[str]:
+        return [f"blocks.{self.layer}.attn.hook_z"]
+
+    def with_mean(self, means: dict[str, torch.Tensor]) -> ScaleHeads:
+        """These heads replaced by their clean mean z (n_heads, d_head) where removed."""
+        return replace(self, fill=means[self.mean_points()[0]])
+
+    def hooks(self) -> list[Hook]:
+        return [(f"blocks.{self.layer}.attn.hook_z", lambda z, hook=None: self.apply(z))]
+
+
+Intervention = SkipBlock | RemoveWrite | ScaleHeads
+
+
+def intervention(component: str, layer: int, fill: torch.Tensor | None = None,
+                 keep: torch.Tensor | None = None) -> Intervention:
+    """The intervention on `component` ("block", "attn", "mlp" or "heads") at `layer`."""
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}")
+    if (component == "heads") != (keep is not None):
+        raise ValueError("`keep` goes with component 'heads', and only with it")
+    if component == "block":
+        return SkipBlock(layer, fill)
+    if component == "heads":
+        return ScaleHeads(layer, keep, fill)
+    return RemoveWrite(component, layer, fill)
 
 
 def hooks(edits) -> list[Hook]:
-    """The hooks that carry out `edits`: the one definition every engine runs."""
-    out: list[Hook] = []
-    for e in edits:
-        if e.component == "heads":
-            out.append((f"blocks.{e.layer}.attn.hook_z", scale_heads(e.keep, e.fill)))
-        else:
-            out += remove_part(e.layer, e.component, e.fill)
-    return out
+    """The hooks that carry out `edits` (each one's `apply`): what the naive loop runs."""
+    return [h for e in edits for h in e.hooks()]
 
 
-def head_edits(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None) -> list[Edit]:
-    """One heads Edit per layer whose row of `keep` (n_layers, n_heads) is not all ones
+def head_edits(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None
+               ) -> list[ScaleHeads]:
+    """One ScaleHeads per layer whose row of `keep` (n_layers, n_heads) is not all ones
     (every layer when `keep` requires grad: Michel et al.'s head mask)."""
-    return [Edit("heads", layer, (fill or {}).get(layer), keep[layer])
+    return [ScaleHeads(layer, keep[layer], (fill or {}).get(layer))
             for layer in range(keep.shape[0])
             if keep.requires_grad or not bool((keep[layer] == 1).all())]
 
@@ -67,48 +163,6 @@ def applied(model, hooks: list[Hook]) -> Iterator[None]:
         return
     with model.hooks(fwd_hooks=hooks):
         yield
-
-
-def replace_with(value: torch.Tensor | None) -> Callable:
-    """A hook that replaces an activation by zeros (`value=None`) or by a broadcast `value`."""
-
-    def hook(act: torch.Tensor, hook=None) -> torch.Tensor:  # act: (batch, pos, ...)
-        return torch.zeros_like(act) if value is None else value.to(act.dtype).expand_as(act)
-
-    return hook
-
-
-def skip_block(layer: int, delta: torch.Tensor | None = None) -> list[Hook]:
-    """Block `layer`'s output := its input (+ `delta`, e.g. its mean clean contribution)."""
-    stash: list[torch.Tensor] = []
-
-    def save(resid_pre: torch.Tensor, hook=None) -> None:  # (batch, pos, d_model)
-        stash.append(resid_pre)
-
-    def restore(resid_post: torch.Tensor, hook=None) -> torch.Tensor:
-        resid_pre = stash.pop()
-        return resid_pre if delta is None else resid_pre + delta.to(resid_pre.dtype)
-
-    return [(f"blocks.{layer}.hook_resid_pre", save), (f"blocks.{layer}.hook_resid_post", restore)]
-
-
-def remove_part(layer: int, part: str, value: torch.Tensor | None = None) -> list[Hook]:
-    """Remove block `layer`'s `part` ("block", "attn" or "mlp"): zero it, or write `value`."""
-    if part == "block":
-        return skip_block(layer, value)
-    return [(f"blocks.{layer}.{PART_HOOKS[part]}", replace_with(value))]
-
-
-def scale_heads(keep: torch.Tensor, fill: torch.Tensor | None) -> Callable:
-    """A hook on `attn.hook_z`: z' = keep * z + (1 - keep) * fill per head, so keep=1 leaves
-    a head alone and keep=0 removes it (fill (n_heads, d_head), default zeros)."""
-
-    def hook(z: torch.Tensor, hook=None) -> torch.Tensor:  # z: (batch, pos, n_heads, d_head)
-        k = keep.to(z.dtype)[:, None]  # (n_heads, 1), broadcast over d_head
-        out = z * k
-        return out if fill is None else out + (1 - k) * fill.to(z.dtype)
-
-    return hook
 
 
 def mask_heads(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None) -> list[Hook]:

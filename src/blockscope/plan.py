@@ -1,9 +1,9 @@
 """How a sweep of variants runs: the naive loop, or the engine from where each one departs.
 
-Experiments build `sweep.Variant`s (labels plus `interventions.Edit` records) and call
-`run`; they never reach into the engine. `start` is the one place that turns an edit into
-an engine entry point, using the facts of `arch.layout`; `run` falls back to the naive loop,
-loudly, when the engine's self-check fails.
+Experiments build `sweep.Variant`s (labels plus interventions) and call `run`; they never
+reach into the engine. `start` is the one place that turns an intervention into an engine
+entry point, using the facts of `arch.layout` and the intervention's own `apply`; `run`
+falls back to the naive loop, loudly, when the engine's self-check fails.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from blockscope import arch, clean, engine, replay, stats
 from blockscope.allocator import release
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import hooks
+from blockscope.interventions import RemoveWrite, ScaleHeads, SkipBlock, hooks
 from blockscope.parallel import total
 from blockscope.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
 from blockscope.text import Window
@@ -89,37 +89,40 @@ def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
 
 
 def start(model, lay: arch.Layout, v: Variant) -> engine.Start:
-    """Where the engine enters the stack for variant `v`, derived from its edits.
+    """Where the engine enters the stack for variant `v`, and the residual it enters with:
+    the variant's one intervention `apply`d to the cached clean activation, its change
+    carried into the stream (as is for a write, through W_O for heads' z).
 
-    One edit in a block no user's hook sits in enters as late as the layout allows (see
-    engine.py); anything else enters at the first block it touches with the edits' own
-    hooks on, which is the naive loop's run from that block on."""
+    One intervention in a block no user's hook sits in enters as late as the layout allows
+    (see engine.py); anything else enters at the first block it touches with the
+    interventions' own hooks on, which is the naive loop's run from that block on."""
     first = min(e.layer for e in v.edits)
     generic = engine.Start(v.label, first, lambda c: c.entering(first), hooks=hooks(v.edits))
     if len(v.edits) != 1 or replay.hooked(model.blocks[first]):
         return generic
     e = v.edits[0]
     k = e.layer
+    if isinstance(e, SkipBlock):  # the block's output, from what it received
+        return engine.Start(v.label, k + 1, lambda c: e.apply(c.entering(k + 1), c.pre[k]),
+                            kind="block")
+    if isinstance(e, RemoveWrite) and lay.parallel:  # output + (write' - write)
+        write = f"hook_{e.part}_out"
+        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + _change(
+            e, c.act(write, k)), relies_on="halves", kind="half")
+    if isinstance(e, RemoveWrite) and e.part == "mlp":  # sequential: mid + write', the
+        def after_mlp(c):  # MLP's write being what it added to the mid residual
+            mid = c.act("hook_resid_mid", k)
+            return mid + e.apply(c.entering(k + 1) - mid)
 
-    def plus(f: Callable[[clean.Clean], torch.Tensor], fill=e.fill) -> Callable:
-        return f if fill is None else (lambda c: f(c) + fill.to(c.pre[0]))
-
-    if e.component == "block":  # output := input (+ mean contribution)
-        return engine.Start(v.label, k + 1, plus(lambda c: c.pre[k]), kind="block")
-    if e.component in ("attn", "mlp") and lay.parallel:  # output minus that write
-        write = f"hook_{e.component}_out"
-        return engine.Start(v.label, k + 1, plus(lambda c: c.entering(k + 1) - c.act(write, k)),
-                            relies_on="halves", kind="half")
-    if e.component == "mlp":  # sequential: output := mid (+ fill)
-        return engine.Start(v.label, k + 1, plus(lambda c: c.act("hook_resid_mid", k)),
-                            kind="mlp")
+        return engine.Start(v.label, k + 1, after_mlp, kind="mlp")
     if not lay.mlp_alone:  # no entry at the mid residual
         return generic
-    if e.component == "attn":  # sequential: mid := input (+ fill), then the MLP half
-        return engine.Start(v.label, k, plus(lambda c: c.pre[k]), mid=True, kind="attn")
+    if isinstance(e, RemoveWrite):  # sequential attn: mid := input + write', the MLP half
+        return engine.Start(v.label, k, lambda c: c.pre[k] + e.apply(
+            c.act("hook_resid_mid", k) - c.pre[k]), mid=True, kind="attn")
     if not lay.linear_heads:
         return generic
-    delta = _heads_delta(model, k, e.keep, e.fill)
+    delta = _heads_change(model, e)
     if lay.parallel:
         return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + delta(c),
                             relies_on="heads", kind="heads")
@@ -127,18 +130,21 @@ def start(model, lay: arch.Layout, v: Variant) -> engine.Start:
                         mid=True, relies_on="heads", kind="heads")
 
 
-def _heads_delta(model, layer: int, keep: torch.Tensor, fill: torch.Tensor | None) -> Callable:
-    """The change in layer `layer`'s attention write when heads are scaled by `keep`
-    (n_heads,) and the removed part filled with `fill` (n_heads, d_head):
-    sum_h (1 - keep_h) (fill_h - z_h) W_O[h], over the changed heads only."""
-    idx = (keep != 1).nonzero().flatten()
+def _change(e, activation: torch.Tensor) -> torch.Tensor:
+    """What `e` adds to the stream where `activation` is written: apply(a) - a."""
+    return e.apply(activation) - activation
+
+
+def _heads_change(model, e: ScaleHeads) -> Callable:
+    """The change in layer `e.layer`'s attention write: (apply(z) - z) W_O, over the heads
+    `e` changes only (the others' change is exactly 0)."""
+    idx = (e.keep != 1).nonzero().flatten()
+    changed = ScaleHeads(e.layer, e.keep[idx], None if e.fill is None else e.fill[idx])
 
     def delta(clean: clean.Clean) -> torch.Tensor:
-        z = clean.act("attn.hook_z", layer)[0][:, idx]  # (T, k, d_head)
-        W_O = model.blocks[layer].attn.W_O[idx]  # (k, d_head, d_model)
-        gone = (1 - keep[idx]).to(z)  # (k,)
-        diff = (fill[idx].to(z) if fill is not None else 0) - z  # (T, k, d_head)
-        return torch.einsum("h,thd,hde->te", gone, diff, W_O.to(z))  # (T, d_model)
+        z = clean.act("attn.hook_z", e.layer)[0][:, idx]  # (T, k, d_head)
+        W_O = model.blocks[e.layer].attn.W_O[idx]  # (k, d_head, d_model)
+        return torch.einsum("thd,hde->te", _change(changed, z), W_O.to(z))  # (T, d_model)
 
     return delta
 

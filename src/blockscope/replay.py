@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
 from blockscope import unembed
+from blockscope.interventions import ScaleHeads
 
 
 @dataclass
@@ -66,9 +67,12 @@ class Parts:
 
 
 def scaled(z: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """z (B, n_heads, T, d_head) with each head scaled by `keep` (n_heads,): what the heads
-    Edit's hook does at `attn.hook_z` without a fill (selfcheck holds the two together)."""
-    return z if keep is None else z * keep.to(z.dtype)[None, :, None, None]
+    """z (B, n_heads, T, d_head) with each head scaled by `keep` (n_heads,): the heads
+    intervention's own `apply` (without a fill) on this layout (selfcheck holds the
+    replay to the hooked model)."""
+    if keep is None:
+        return z
+    return ScaleHeads(-1, keep).apply(z.transpose(1, 2)).transpose(1, 2)
 
 
 def kept_heads(keep: torch.Tensor | None, width: int):

@@ -151,7 +151,7 @@ def _check_heads(model, lay, clean: Clean, j: int, tol: float) -> None:
 
 def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     """(plain parts, None, ran) when the plain replay of `clean`'s window with heads scaled
-    by `mask` (n_layers, n_heads) reproduces the hooked model (the heads Edit's own hooks at
+    by `mask` (n_layers, n_heads) reproduces the hooked model (the heads intervention's own hooks at
     every layer) to `REL` in both the NLL and its gradient with respect to the mask, or,
     in float32 where it does not, lies within NOISE times the hooked pass's own distance
     from a float64 pass of the same (float32 rounding, not a wrong replay);

@@ -1,7 +1,7 @@
 """Score a passage under interventions: windows, NLL, and the naive reference sweep.
 
 `naive_nlls(model, tokens, variants)` scores the clean model and each variant (a label plus
-its `interventions.Edit`s, run as their hooks) with one hooked forward per variant over the
+its interventions, run as their hooks) with one hooked forward per variant over the
 same sliding windows, and returns each one's per-token NLL. The cached engine (engine.py)
 must give the same numbers; `plan.scores` turns either into per-document sums.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from blockscope.interventions import Edit, applied, hooks
+from blockscope.interventions import Intervention, applied, hooks
 from blockscope.text import Window, windows
 
 Progress = Callable[..., None]  # cb() advances one step; cb(total=n) sets the total
@@ -25,7 +25,7 @@ class Variant:
     """One intervention to score."""
 
     label: dict  # columns this variant contributes to its row (e.g. {"layer": 3})
-    edits: tuple[Edit, ...] = field(default_factory=tuple)  # what it changes
+    edits: tuple[Intervention, ...] = field(default_factory=tuple)  # what it changes
 
 
 def default_stride(n_ctx: int) -> int:
