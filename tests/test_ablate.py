@@ -10,6 +10,8 @@ from blockscope.ablate import block_ablation
 from blockscope.errors import BlockscopeError
 from blockscope.text import tokenize
 
+from .references import hf_sliding_ppl
+
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."
 
@@ -17,28 +19,6 @@ SENTENCE = "Alice was beginning to get very tired of sitting by her sister on th
 def hf_ppl(model, ids) -> float:
     with torch.no_grad():
         return math.exp(model(ids, labels=ids, use_cache=False).loss.item())
-
-
-def hf_sliding_sum(model, ids, n_ctx, stride) -> tuple[float, int]:
-    """HF's perplexity guide, with the loss summed exactly over scored tokens: (sum, count)."""
-    total, count, prev_end = 0.0, 0, 0
-    for begin in range(0, ids.shape[1], stride):
-        end = min(begin + n_ctx, ids.shape[1])
-        trg_len = end - prev_end
-        labels = ids[:, begin:end].clone()
-        labels[:, :-trg_len] = -100
-        with torch.no_grad():
-            loss = model(ids[:, begin:end], labels=labels, use_cache=False).loss
-        n = int((labels[:, 1:] != -100).sum())
-        total, count, prev_end = total + loss.item() * n, count + n, end
-        if end == ids.shape[1]:
-            break
-    return total, count
-
-
-def hf_sliding_ppl(model, ids, n_ctx, stride) -> float:
-    total, count = hf_sliding_sum(model, ids, n_ctx, stride)
-    return math.exp(total / count)
 
 
 @pytest.fixture(scope="module")

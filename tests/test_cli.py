@@ -323,7 +323,7 @@ def test_reproduce_stops_on_a_broken_checkpoint(run, tiny_dir, tmp_path):
 
 
 def test_resid_norm_says_a_parallel_block_has_no_mid_point(run, tmp_path):
-    from blockscope.toy import save_checkpoint
+    from .builders import save_checkpoint
 
     path = save_checkpoint("gptj", tmp_path / "gptj")
     res = run("resid-norm", "The capital of France is", "-m", path, "--no-plot",

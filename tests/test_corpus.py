@@ -2,7 +2,6 @@
 the bootstrap against a direct numpy bootstrap."""
 
 import copy
-import json
 import math
 
 import numpy as np
@@ -15,22 +14,11 @@ from blockscope.errors import BlockscopeError
 from blockscope.resid_norm import norm_distribution
 from blockscope.stats import Bootstrap
 
+from .builders import paragraphs, write_jsonl
 from .conftest import ALICE
-from .test_ablate import hf_sliding_sum
-from .test_resid_norm import hf_stream
+from .references import hf_sliding_sum, hf_stream
 
 REL = 1e-5
-
-
-def paragraphs() -> list[str]:
-    return [p for p in ALICE.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-
-
-def write_jsonl(path, texts, column="text"):
-    with open(path, "w", encoding="utf-8") as f:
-        for t in texts:
-            f.write(json.dumps({column: t, "n": len(t)}) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Every family blockscope checks, held to plain-transformers references written here.
 
-One tiny random-weight checkpoint per family (blockscope.toy.FAMILY_CONFIGS). The references
+One tiny random-weight checkpoint per family (tests/builders.py FAMILY_CONFIGS). The references
 use only the HF model and torch forward hooks on its own modules: a block skipped by a hook
 that returns its input; a half removed (or mean-replaced) at the module whose output joins
 the stream; a head removed by zeroing (or mean-filling) its slice of the output projection's
@@ -18,7 +18,8 @@ from blockscope.pruning import pruning_curve
 from blockscope.resid_norm import resid_norms
 from blockscope.shapes import block_shapes
 from blockscope.text import tokenize
-from blockscope.toy import FAMILY_CONFIGS, save_checkpoint
+
+from .builders import FAMILY_CONFIGS, save_checkpoint
 
 REL = 1e-5
 N_TOKENS = 24

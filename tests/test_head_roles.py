@@ -12,8 +12,9 @@ from blockscope.cli import app
 from blockscope.head_roles import ROLES, repeated_random, role_scores
 from blockscope.loading import load_model, spec_for
 from blockscope.text import tokenize
-from blockscope.toy import save_checkpoint, save_gpt2_checkpoint
+from blockscope.toy import save_gpt2_checkpoint
 
+from .builders import save_checkpoint
 from .conftest import ALICE, result
 
 

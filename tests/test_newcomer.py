@@ -402,7 +402,7 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
 def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
     """reproduce ran 16 minutes after one line: now one line per experiment, a bar (plain
     lines when piped) inside each, and what is loading from the first second."""
-    from .test_reproduce import tiny_reference
+    from .builders import tiny_reference
 
     res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
                                    str(tiny_reference(tmp_path)), "--no-norm-placement",

@@ -11,7 +11,8 @@ from blockscope.interventions import applied, hooks
 from blockscope.interventions import intervention as Edit
 from blockscope.loading import load_model, spec_for
 from blockscope.text import tokenize
-from blockscope.toy import save_checkpoint
+
+from .builders import save_checkpoint
 
 REL = 1e-5
 

@@ -104,7 +104,8 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
     from transformers import AutoModelForCausalLM
 
     from blockscope.loading import load_model, spec_for
-    from blockscope.toy import save_checkpoint
+
+    from .builders import save_checkpoint
 
     path = save_checkpoint(family, tmp_path / family, **overrides)
     model = load_model(spec_for(str(path), device="cpu"))

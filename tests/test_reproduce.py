@@ -16,7 +16,8 @@ from blockscope.reproduce import (
     offline_measures,
 )
 
-from .conftest import ALICE, REPO, result
+from .builders import tiny_reference
+from .conftest import REPO, result
 
 ARTICLE = REPO / "experiments" / "article.toml"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -52,75 +53,6 @@ def test_needs_the_model_rows_name_the_command():
     waiting = ablate[ablate["measured"].isna()]
     assert len(waiting) == 5 and set(waiting["status"]) == {"needs the model"}  # + tokens
     assert set(waiting["command"]) == {"blockscope ablate"}
-
-
-def tiny_reference(tmp_path):
-    ref = tmp_path / "ref.toml"
-    ref.write_text(f"""
-model = "unused"
-[ablate]
-text = "{ALICE}"
-max_tokens = 60
-[resid_norm]
-prompt = "The capital of France is"
-[prune_heads]
-text = "{ALICE}"
-max_tokens = 30
-tolerance = 0.05
-[layernorm]
-examples = [[2, 4, 6, 8]]
-[norm_placement]
-section = "Pre-norm and post-norm"
-text = "{ALICE}"
-n_layers = 2
-d_model = 32
-n_heads = 2
-max_tokens = 30
-seeds = 1
-train_steps = 8
-warmup_steps = 2
-train_layers = 1
-train_d_model = 16
-train_heads = 2
-batch_size = 2
-seq_len = 16
-claims = ["post-norm needs a warm-up"]
-[head_roles]
-section = "What heads do"
-text = "{ALICE}"
-max_tokens = 30
-n_random = 8
-known = [
-    {{ role = "induction", layer = 2, head = 1 }},
-    {{ role = "induction", layer = 5, head = 1 }},
-]
-[[figure]]
-experiment = "ablate"
-name = "baseline perplexity"
-article = "22.2"
-measure = "ablate.baseline"
-[[figure]]
-experiment = "resid-norm"
-name = "norm after block 1"
-article = "56.5"
-measure = "resid.block 1"
-[[figure]]
-experiment = "resid-norm"
-name = "norm after block 6"
-article = "73.4"
-measure = "resid.block 6"
-[[figure]]
-experiment = "params"
-name = "GPT-2 small: total"
-article = "124,439,808"
-measure = "params.gpt2.total"
-[[figure]]
-experiment = "layernorm"
-name = "std"
-article = "2.236"
-measure = "layernorm.2 4 6 8.std"
-""")
-    return ref
 
 
 def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_dir, tmp_path):

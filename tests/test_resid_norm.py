@@ -6,29 +6,9 @@ from blockscope.loading import load_model, spec_for
 from blockscope.resid_norm import resid_norms
 from blockscope.text import tokenize
 
+from .references import hf_stream
+
 PROMPT = "The capital of France is"
-
-
-def hf_stream(hf, ids):
-    """Per block: (input, after attention, output), from HF hooks, not blockscope's."""
-    records = []
-    handles = []
-    for block in hf.transformer.h:
-        rec = {}
-        records.append(rec)
-        handles.append(block.register_forward_pre_hook(
-            lambda m, a, k, rec=rec: rec.__setitem__("in", a[0]), with_kwargs=True))
-        handles.append(block.attn.register_forward_hook(
-            lambda m, a, o, rec=rec: rec.__setitem__("attn", o[0])))
-        handles.append(block.register_forward_hook(
-            lambda m, a, o, rec=rec: rec.__setitem__("out", o[0] if isinstance(o, tuple) else o)))
-    try:
-        with torch.no_grad():
-            hidden = hf(ids, output_hidden_states=True, use_cache=False).hidden_states
-    finally:
-        for h in handles:
-            h.remove()
-    return hidden, records
 
 
 @pytest.mark.parametrize("prepend_bos", [False, True])

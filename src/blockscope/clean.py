@@ -152,8 +152,9 @@ def _last_logits_only(model) -> bool:
 
 
 def cached_means(clean: Clean, names) -> dict[str, torch.Tensor]:
-    """Each kept hook point's clean mean over positions (what `sweep.clean_means` hooks
-    for), from one window's cache; block inputs and outputs come from `pre`."""
+    """Each kept hook point's clean mean over positions (what `sweep.clean_sums` hooks
+    for, divided by the positions), from one window's cache; block inputs and outputs come
+    from `pre`."""
     out = {}
     for name in names:
         layer, point = name.split(".", 2)[1:]

@@ -20,6 +20,7 @@ from torch.nn.modules import module as torch_module
 
 from blockscope import unembed
 from blockscope.interventions import ScaleHeads
+from blockscope.sweep import nll_of
 
 
 @dataclass
@@ -190,18 +191,18 @@ def masked_nll(model, plain: list, clean, mask: torch.Tensor,
                softcap: float | None = None) -> torch.Tensor:
     """NLL (n_scored,) of `clean`'s window with each layer's heads scaled by `mask`
     (n_layers, n_heads), replayed plainly from the embeddings and differentiable (for the
-    gradient of the head mask): the full logits of the scored rows, log-softmaxed."""
+    gradient of the head mask): the scored rows' NLL in vocabulary blocks, or from their
+    full logits (`sweep.nll_of`) where softcapping or half precision rules that out."""
     x = _trackable(clean.pre[0])  # (1, T, d_model) what block 0 received
     for j, p in enumerate(plain):
         x = block_forward(p, x, _trackable(clean.replay[j]), mask[j])
     w = clean.window
-    lo = w.first_target - w.begin
+    lo = w.offset
     normed = model.ln_final(x)[0, lo - 1 : -1]  # (n_scored, d_model): the predicting rows
     linear, targets = model.unembed.original_component, clean.chunk[0, lo:]
     if softcap is None and isinstance(linear, torch.nn.Linear) and normed.dtype == torch.float32:
         return unembed.ChunkedNLL.apply(normed, linear.weight, linear.bias, targets)
-    logits = unembed.softcapped(linear(normed), softcap)
-    return -logits.float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+    return nll_of(unembed.softcapped(linear(normed), softcap), targets)
 
 
 def _trackable(value):

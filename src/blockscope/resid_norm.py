@@ -81,7 +81,7 @@ def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFra
             for w in model_windows(model, ids, stride):
                 chunk = ids[:, w.begin : w.end].to(model.cfg.device)
                 _, cache = model.run_with_cache(chunk, names_filter=names.__contains__)
-                lo = w.first_target - w.begin  # positions not read in an earlier window
+                lo = w.offset  # positions not read in an earlier window
                 norms.append(torch.stack([cache[name][0, lo:].float().norm(dim=-1)
                                           for name, _, _ in points]).cpu())
                 del cache

@@ -32,7 +32,7 @@ class BlockSimilarity:
         self.count = 0
 
     def add(self, clean: Clean) -> None:
-        lo = clean.window.first_target - clean.window.begin  # positions newly scored here
+        lo = clean.window.offset  # positions newly scored here
         for k in range(len(self.cos_sum)):
             x, y = (v[0, lo:].double() for v in self.pair(clean, k))
             cos = torch.nn.functional.cosine_similarity(x, y, dim=-1).clamp(-1, 1)  # (n,)

@@ -47,7 +47,7 @@ def window_nll(model, tokens: torch.Tensor, w: Window) -> torch.Tensor:
 
 def nll_from_logits(logits: torch.Tensor, chunk: torch.Tensor, w: Window) -> torch.Tensor:
     """NLL of window `w`'s scored tokens from its logits `(pos, d_vocab)`."""
-    lo = w.first_target - w.begin  # first scored position within the window
+    lo = w.offset  # first scored position within the window
     return nll_of(logits[lo - 1 : -1], chunk[0, lo:])
 
 
@@ -86,14 +86,6 @@ def clean_sums(
     with applied(model, [(name, accumulator(name)) for name in sorted(set(hook_names))]):
         nll = token_nll(model, tokens, wins)
     return nll, {k: v.cpu() for k, v in sums.items()}, sum(w.end - w.begin for w in wins)
-
-
-def clean_means(
-    model, tokens: torch.Tensor, wins: Sequence[Window], hook_names: Iterable[str]
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clean NLL and each hook's activation averaged over every position of every window."""
-    nll, sums, count = clean_sums(model, tokens, wins, hook_names)
-    return nll, {name: (s / count).float() for name, s in sums.items()}
 
 
 def per_position(act: torch.Tensor, name: str) -> torch.Tensor:

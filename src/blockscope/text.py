@@ -28,6 +28,11 @@ class Window:
     end: int  # one past the last token fed
     first_target: int  # tokens first_target..end-1 are scored here, each exactly once overall
 
+    @property
+    def offset(self) -> int:
+        """The first scored position within the window (its logits come from offset - 1)."""
+        return self.first_target - self.begin
+
 
 DEFAULT_TEXT = Path("data/alice.txt")  # the commands' default --text
 

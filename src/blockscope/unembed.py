@@ -65,7 +65,7 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
             or unembed.hook_out.has_hooks()):
         return torch.stack([nll_from_logits(softcapped(unembed(n[None])[0], softcap), chunk, w)
                             for n in normed])
-    lo = w.first_target - w.begin
+    lo = w.offset
     B, n = normed.shape[0], normed.shape[1] - lo
     h = normed[:, lo - 1 : -1].reshape(B * n, -1)  # (B n_scored, d_model): predicting rows
     targets = chunk[0, lo:].repeat(B)  # (B n_scored,)
