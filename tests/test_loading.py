@@ -76,3 +76,22 @@ def test_auto_device_and_dtypes():
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(BlockscopeError, match="dtype"):
         spec_for("gpt2", dtype="float8")
+
+
+def test_one_table_reads_every_familys_sizes():
+    """arch.config_get: the one place the config keys are spelled, for config objects and
+    config.json dicts alike, a multimodal config's text_config first."""
+    from transformers import GPT2Config, LlamaConfig
+
+    from blockscope.arch import config_get
+
+    gpt2 = GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=128)
+    llama = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                        intermediate_size=88, max_position_embeddings=64)
+    assert [config_get(gpt2, k) for k in ("n_layers", "d_model", "n_heads", "n_ctx")] == [
+        3, 64, 4, 128]
+    assert config_get(gpt2, "d_mlp", 256) == 256  # n_inner unset: 4 d_model, as given
+    assert [config_get(llama, k) for k in ("n_layers", "d_model", "d_mlp", "eps")] == [
+        2, 32, 88, llama.rms_norm_eps]
+    wrapped = {"model_type": "gemma3", "text_config": llama.to_dict()}
+    assert config_get(wrapped, "n_ctx") == 64 and config_get({}, "n_heads") is None

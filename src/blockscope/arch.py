@@ -123,12 +123,35 @@ def block_parts(model) -> dict:
             "width": layout(model).d_mlp / cfg.d_model}
 
 
-def _d_mlp(config, d_model: int) -> int:
-    for key in ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
+# What each family's HF config calls the sizes blockscope reads: the one table of them.
+CONFIG_KEYS = {
+    "n_layers": ("n_layer", "num_hidden_layers", "num_layers"),
+    "d_model": ("n_embd", "hidden_size", "d_model"),
+    "n_heads": ("n_head", "num_attention_heads", "num_heads"),
+    "d_mlp": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
+    "n_ctx": ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"),
+    "d_vocab": ("vocab_size",),
+    "eps": ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps"),
+}
+
+
+def config_get(config, name: str, default=None):
+    """Size `name` (a CONFIG_KEYS key, TransformerLens's name for it) from an HF config
+    object or its dict: the first of the family's keys that is set (a positive number);
+    `default` when none is. A multimodal config's `text_config` is read first."""
+    inner = (config.get("text_config") if isinstance(config, dict)
+             else getattr(config, "text_config", None))
+    config = inner or config
+    for key in CONFIG_KEYS[name]:
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
             return value
-    return 4 * d_model  # GPT-2, GPT-Neo, GPT-J, BLOOM: unset means 4 d_model
+    return default
+
+
+def _d_mlp(config, d_model: int) -> int:
+    return config_get(config, "d_mlp", 4 * d_model)  # GPT-2, GPT-Neo, GPT-J, BLOOM:
+    #   unset means 4 d_model
 
 
 # Config flags that say "parallel" for the families whose config has one.

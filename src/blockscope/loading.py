@@ -262,14 +262,9 @@ def peek_sizes(spec: ModelSpec) -> dict | None:
             data = data.to_dict()
     except (OSError, ValueError, TypeError):
         return None
-    data = data.get("text_config") or data
+    from blockscope.arch import config_get
 
-    def first(*keys):
-        return next((data[k] for k in keys if isinstance(data.get(k), int)), None)
-
-    return {"n_layers": first("n_layer", "num_hidden_layers", "num_layers"),
-            "n_heads": first("n_head", "num_attention_heads", "num_heads"),
-            "n_ctx": first("n_positions", "max_position_embeddings", "n_ctx", "seq_length")}
+    return {name: config_get(data, name) for name in ("n_layers", "n_heads", "n_ctx")}
 
 
 def peek_tokenizer(spec: ModelSpec):

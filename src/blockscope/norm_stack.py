@@ -51,16 +51,15 @@ class StackConfig:
     def from_hf(cls, config, **sizes) -> StackConfig:
         """Sizes from any HF config (its layer count, widths, heads, context, vocabulary),
         overridden by `sizes` where not None."""
-        get = lambda *keys, default=None: next(  # noqa: E731
-            (getattr(config, k) for k in keys if getattr(config, k, None)), default)
-        d_model = get("n_embd", "hidden_size", "d_model")
+        from blockscope.arch import config_get
+
+        d_model = config_get(config, "d_model")
         base = dict(
-            n_layers=get("n_layer", "num_hidden_layers", "num_layers"), d_model=d_model,
-            n_heads=get("n_head", "num_attention_heads"),
-            d_mlp=get("n_inner", "intermediate_size", "ffn_dim", default=4 * d_model),
-            n_ctx=get("n_positions", "max_position_embeddings", default=1024),
-            d_vocab=get("vocab_size"), eps=get("layer_norm_epsilon", "layer_norm_eps",
-                                               "rms_norm_eps", default=1e-5),
+            n_layers=config_get(config, "n_layers"), d_model=d_model,
+            n_heads=config_get(config, "n_heads"),
+            d_mlp=config_get(config, "d_mlp", 4 * d_model),
+            n_ctx=config_get(config, "n_ctx", 1024), d_vocab=config_get(config, "d_vocab"),
+            eps=config_get(config, "eps", 1e-5),
             act=getattr(config, "activation_function", None) or "gelu_new")
         base.update({k: v for k, v in sizes.items() if v is not None})
         if sizes.get("d_model") is not None and sizes.get("d_mlp") is None:

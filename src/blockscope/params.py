@@ -22,7 +22,9 @@ HALVES = (("layer norms", ("ln", "norm")), ("attention", ("attn", "attention")),
 
 
 def _head_overrides(config, n_heads: int) -> None:
-    d_model = getattr(config, "hidden_size", None) or config.n_embd
+    from blockscope.arch import config_get
+
+    d_model = config_get(config, "d_model")
     if n_heads < 1:
         raise BlockscopeError(f"--n-heads must be at least 1 (got {n_heads})")
     if d_model % n_heads:
