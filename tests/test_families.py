@@ -268,3 +268,16 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
         assert fast[2].sums == pytest.approx(slow[2].sums, rel=REL)
         assert not fast[0][keep == 0].any() and not slow[0][keep == 0].any()
         assert fast[0][keep == 1].all()
+
+
+def test_the_registry_is_the_one_place_that_names_a_model_type():
+    """No module but arch.py decides by an HF model_type: the registry's records carry it
+    (the parallel rule, the replay, the refusals)."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).parents[1] / "src" / "blockscope"
+    decides = re.compile(r"model_type\s*(==|!=|in\s*[(\[{])")
+    offenders = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "arch.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if decides.search(line)]
+    assert not offenders, offenders

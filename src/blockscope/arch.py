@@ -18,18 +18,80 @@ references (tests/test_families.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from blockscope.errors import BlockscopeError
 
-# HF model_type -> family name shown to users. Each is held to references by the tests.
-FAMILIES = {
-    "gpt2": "GPT-2", "gpt_neo": "GPT-Neo", "gpt_neox": "GPT-NeoX/Pythia", "gptj": "GPT-J",
-    "opt": "OPT", "bloom": "BLOOM", "falcon": "Falcon", "llama": "Llama",
-    "mistral": "Mistral", "mixtral": "Mixtral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gemma": "Gemma", "gemma2": "Gemma2", "gemma3_text": "Gemma3", "phi": "Phi",
-    "phi3": "Phi-3", "olmo2": "OLMo 2", "stablelm": "StableLM", "gpt_bigcode": "GPT-BigCode",
+
+@dataclass(frozen=True)
+class Family:
+    """What blockscope knows of one HF `model_type`, checked by the tests
+    (tests/test_families.py) against plain-transformers references."""
+
+    name: str  # shown to users
+    parallel: Callable[[object], bool] | None = None  # the config's rule for parallel
+    #   blocks, held against the bridge's block type (None: the config has no say)
+    mlp_alone: bool = True  # the MLP half can run alone from the mid residual (not BLOOM's,
+    #   whose MLP adds the residual itself)
+    replay: str | None = None  # its plain replay in replay.py / replay_rotary.py, if any
+    refuse: Callable[[object], str | None] = lambda config: None  # a variant not checked
+
+
+def _never(config) -> bool:
+    return False
+
+
+def _always(config) -> bool:
+    return True
+
+
+def _flag(key: str) -> Callable[[object], bool]:
+    return lambda config: bool(getattr(config, key, False))
+
+
+# HF model_type -> what blockscope knows of it: the one family registry.
+REGISTRY = {
+    "gpt2": Family("GPT-2", _never, replay="gpt2"),
+    "gpt_neo": Family("GPT-Neo"),
+    "gpt_neox": Family("GPT-NeoX/Pythia", _flag("use_parallel_residual"), replay="neox"),
+    "gptj": Family("GPT-J", _always),
+    "opt": Family("OPT", refuse=lambda c: None if getattr(c, "do_layer_norm_before", True)
+                  else "OPT with layer norm after each sublayer (opt-350m) has not been "
+                  "checked by blockscope"),
+    "bloom": Family("BLOOM", mlp_alone=False),
+    "falcon": Family("Falcon", lambda c: bool(c.parallel_attn or c.new_decoder_architecture)),
+    "llama": Family("Llama", _never, replay="llama"),
+    "mistral": Family("Mistral", _never, replay="llama"),
+    "mixtral": Family("Mixtral"),
+    "qwen2": Family("Qwen2", _never, replay="llama"),
+    "qwen3": Family("Qwen3"),
+    "gemma": Family("Gemma", _never),
+    "gemma2": Family("Gemma2", _never),
+    "gemma3_text": Family("Gemma3"),
+    "phi": Family("Phi", _always),
+    "phi3": Family("Phi-3"),
+    "olmo2": Family("OLMo 2", _never),
+    "stablelm": Family("StableLM", _flag("use_parallel_residual")),
+    "gpt_bigcode": Family("GPT-BigCode"),
 }
+FAMILIES = {k: f.name for k, f in REGISTRY.items()}  # model_type -> the name users see
+
+
+def family(model) -> Family:
+    """The registry's record for a loaded bridge's HF model_type, or one clear refusal."""
+    config = hf_config(model)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in REGISTRY:
+        raise BlockscopeError(
+            f"architecture {model_type!r} has not been checked by blockscope; checked: "
+            + ", ".join(sorted(set(FAMILIES.values())))
+        )
+    found = REGISTRY[model_type]
+    why = found.refuse(config)
+    if why:
+        raise BlockscopeError(why)
+    return found
 
 
 @dataclass(frozen=True)
@@ -75,32 +137,28 @@ def layout(model) -> Layout:
     from transformer_lens.model_bridge.generalized_components.block import ParallelBlockBridge
 
     config = hf_config(model)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise BlockscopeError(
-            f"architecture {model_type!r} has not been checked by blockscope; checked: "
-            + ", ".join(sorted(set(FAMILIES.values())))
-        )
-    if model_type == "opt" and not getattr(config, "do_layer_norm_before", True):
-        raise BlockscopeError("OPT with layer norm after each sublayer (opt-350m) has not "
-                              "been checked by blockscope")
+    fam = family(model)
     blocks = list(model.blocks)
     kinds = {(isinstance(b, ParallelBlockBridge), "ln1_post" in b._modules,
               "ln2_post" in b._modules, "ln2" in b._modules) for b in blocks}
     if len(kinds) != 1:
-        raise BlockscopeError(f"{FAMILIES[model_type]}: blocks of different layouts in one "
+        raise BlockscopeError(f"{fam.name}: blocks of different layouts in one "
                               "model are not supported")
     parallel, ln1_post, ln2_post, ln2 = kinds.pop()
     if parallel and (ln1_post or ln2_post):
-        raise BlockscopeError(f"{FAMILIES[model_type]}: a parallel block with post-sublayer "
+        raise BlockscopeError(f"{fam.name}: a parallel block with post-sublayer "
                               "norms is not a layout blockscope knows")
-    _agree(model_type, config, parallel)
+    if fam.parallel is not None and fam.parallel(config) != parallel:
+        raise BlockscopeError(  # a silent guess about the layout would give wrong numbers
+            f"{fam.name}: TransformerLens bridges these blocks as "
+            f"{'parallel' if parallel else 'sequential'} but the config says otherwise; "
+            "refusing rather than guessing")
     softcap = getattr(config, "final_logit_softcapping", None)
     cfg = model.cfg
     return Layout(
-        family=FAMILIES[model_type], parallel=parallel, post_norms=ln1_post or ln2_post,
+        family=fam.name, parallel=parallel, post_norms=ln1_post or ln2_post,
         pre_mlp_norm=ln2 or parallel, softcap=float(softcap) if softcap else None,
-        mlp_alone=model_type != "bloom",
+        mlp_alone=fam.mlp_alone,
         n_key_value_heads=int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads),
         d_mlp=_d_mlp(config, cfg.d_model),
     )
@@ -152,30 +210,6 @@ def config_get(config, name: str, default=None):
 def _d_mlp(config, d_model: int) -> int:
     return config_get(config, "d_mlp", 4 * d_model)  # GPT-2, GPT-Neo, GPT-J, BLOOM:
     #   unset means 4 d_model
-
-
-# Config flags that say "parallel" for the families whose config has one.
-_PARALLEL_FLAGS = {"gpt_neox": "use_parallel_residual", "stablelm": "use_parallel_residual"}
-
-
-def _agree(model_type: str, config, parallel: bool) -> None:
-    """Refuse when the bridge's block type contradicts the HF config: a silent guess about
-    the layout would give wrong numbers."""
-    expected = None
-    if model_type in _PARALLEL_FLAGS:
-        expected = bool(getattr(config, _PARALLEL_FLAGS[model_type], False))
-    elif model_type == "falcon":
-        expected = bool(config.parallel_attn or config.new_decoder_architecture)
-    elif model_type in ("gptj", "phi"):
-        expected = True
-    elif model_type in ("gpt2", "llama", "mistral", "qwen2", "gemma", "gemma2", "olmo2"):
-        expected = False
-    if expected is not None and expected != parallel:
-        raise BlockscopeError(
-            f"{FAMILIES[model_type]}: TransformerLens bridges these blocks as "
-            f"{'parallel' if parallel else 'sequential'} but the config says otherwise; "
-            "refusing rather than guessing"
-        )
 
 
 def stream_points(lay: Layout, n_layers: int) -> list[tuple[str, int | None, str]]:

@@ -85,10 +85,10 @@ def fused_gelu(model) -> Iterator[None]:
 
 def plain_parts(model) -> list | None:
     """Each block's modules for the plain replay, if every block is one `replay` knows."""
-    from blockscope.arch import hf_config
+    from blockscope.arch import family
 
-    model_type = getattr(hf_config(model), "model_type", None)
-    found = [replay.parts(b, model_type) for b in model.blocks]
+    kind = family(model).replay
+    found = [replay.parts(b, kind) for b in model.blocks] if kind else [None]
     return None if any(p is None for p in found) else found
 
 

@@ -118,19 +118,21 @@ def _inner(bridge):
     return getattr(bridge, "original_component", None)
 
 
-def parts(block, model_type: str | None = None):
-    """The plain parts of a bridged block in eval mode: GPT-2's (`Parts`), the Llama
-    family's or GPT-NeoX's (`replay_rotary`, by HF `model_type`), or None for anything
-    else."""
+def parts(block, kind: str):
+    """The plain parts of a bridged block in eval mode for the family's replay `kind`
+    (`arch.Family.replay`): GPT-2's (`Parts`), the Llama family's or GPT-NeoX's
+    (`replay_rotary`); None where the block is not the layout that replay reads."""
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, GPT2Attention, GPT2Block
 
     hf = _inner(block)
     if block.training:
         return None
-    if not isinstance(hf, GPT2Block):
+    if kind != "gpt2":
         from blockscope import replay_rotary
 
-        return replay_rotary.parts(block, model_type) if model_type else None
+        return replay_rotary.parts(block, kind)
+    if not isinstance(hf, GPT2Block):
+        return None
     if getattr(hf, "crossattention", None) is not None:
         return None
     attn, mlp = hf.attn, _inner(hf.mlp)

@@ -125,10 +125,11 @@ class NeoXParts:
         return self.fc_out(self.act(self.fc_in(self.ln2(x))))
 
 
-def parts(block, model_type: str):
-    """A Llama-family or GPT-NeoX block's plain parts, or None for anything else."""
+def parts(block, kind: str):
+    """A Llama-family ("llama") or GPT-NeoX ("neox") block's plain parts, or None where the
+    block is not that layout."""
     hf = _inner(block)
-    if model_type in ("llama", "mistral", "qwen2"):
+    if kind == "llama":
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         names = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
@@ -138,7 +139,7 @@ def parts(block, model_type: str):
         if attn is None or set(attn._modules) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
             return None
         cls = LlamaParts
-    elif model_type == "gpt_neox":
+    elif kind == "neox":
         from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
 
         cls = NeoXParts
