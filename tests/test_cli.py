@@ -298,10 +298,10 @@ def test_messages_print_paths_literally(run, tmp_path, name):
 
 
 def test_a_fallback_is_said_and_recorded(run, tiny_dir, tmp_path, monkeypatch):
-    from blockscope import engine
+    from blockscope import steps
 
-    monkeypatch.setattr(engine, "block_step", lambda m, c, j, x, p: 1.001 * x)
-    monkeypatch.setattr(engine, "plain_parts", lambda model: None)
+    monkeypatch.setattr(steps, "block_step", lambda m, c, j, x, p: 1.001 * x)
+    monkeypatch.setattr(steps, "plain_parts", lambda model: None)
     res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 30, "--no-plot",
               "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output

@@ -162,11 +162,11 @@ def test_hooks_on_the_unembedding_are_honoured(tiny, ids):
 def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
     """Variants entering at every block, before or after its attention, in one growing
     batch: clean residuals give the baseline; perturbed ones what they give one at a time."""
-    from blockscope import engine
+    from blockscope import steps
     from blockscope.engine import Start, engine_sweep
 
     if not plain:
-        monkeypatch.setattr(engine, "plain_parts", lambda *a: None)
+        monkeypatch.setattr(steps, "plain_parts", lambda *a: None)
     n, wins = tiny.cfg.n_layers, model_windows(tiny, ids, 100)
 
     def starts(scale):

@@ -78,11 +78,11 @@ def test_a_broken_replay_is_caught_and_the_naive_loop_runs(gemma2, monkeypatch):
 
 
 def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
-    from blockscope import engine
+    from blockscope import steps
 
     naive = block_ablation(tiny, ids, part="mlp", engine="naive")
-    monkeypatch.setattr(engine, "plain_parts", lambda model: None)  # the bridge's blocks
-    monkeypatch.setattr(engine, "block_step", lambda m, c, j, x, p: 1.001 * x)
+    monkeypatch.setattr(steps, "plain_parts", lambda model: None)  # the bridge's blocks
+    monkeypatch.setattr(steps, "block_step", lambda m, c, j, x, p: 1.001 * x)
     cached = block_ablation(tiny, ids, part="mlp")
     assert "replaying block" in cached.attrs["engine"]["fallback"]
     same(naive, cached)

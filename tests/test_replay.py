@@ -6,8 +6,9 @@ import torch
 from blockscope import arch, replay, selfcheck
 from blockscope.ablate import block_ablation
 from blockscope.clean import clean_pass, kept_names
-from blockscope.engine import Start, engine_sweep, plain_parts
+from blockscope.engine import Start, engine_sweep
 from blockscope.interventions import applied
+from blockscope.steps import plain_parts
 from blockscope.sweep import model_windows, perplexity_row, token_nll
 from blockscope.text import tokenize
 
@@ -34,7 +35,7 @@ def test_blocks_equal_the_hf_blocks(tiny, hf, ids):
     with torch.inference_mode():
         hidden = hf(ids, output_hidden_states=True, use_cache=False).hidden_states
         for k in range(tiny.cfg.n_layers - 1):  # HF's last hidden state is after ln_f
-            p = replay.parts(tiny.blocks[k], "gpt2")
+            p = replay.parts(tiny.blocks[k])
             assert p is not None
             assert close(replay.block_forward(p, hidden[k]), hidden[k + 1])
 
@@ -42,7 +43,7 @@ def test_blocks_equal_the_hf_blocks(tiny, hf, ids):
 def test_halves_equal_the_bridge_clean_pass(tiny, clean):
     with torch.inference_mode():
         for k, block in enumerate(tiny.blocks):
-            p = replay.parts(block, "gpt2")
+            p = replay.parts(block)
             mid = replay.attn_half(p, clean.pre[k])
             assert close(mid, clean.act("hook_resid_mid", k))
             assert close(replay.mlp_half(p, clean.act("hook_resid_mid", k)), clean.pre[k + 1])

@@ -25,14 +25,13 @@ block, so its hook points fire; GPT-2 blocks without hooks run as plain torch ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
-from blockscope import replay, unembed
+from blockscope import replay, steps, unembed
 from blockscope.clean import Clean, clean_pass, kept_names
 from blockscope.interventions import Hook, applied
 from blockscope.text import Window
@@ -40,10 +39,6 @@ from blockscope.text import Window
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
 # attention scores + pattern + softmax scratch (3 n_heads T), MLP hidden x2, q/k/v/z.
 BUDGET_BYTES = 768 * 2**20  # activations of one batch, so GPT-2 small stays under 3 GB RSS
-
-
-class ReplayMismatch(Exception):
-    """The engine's replay of the clean pass did not reproduce it: the sweep must not use it."""
 
 
 @dataclass
@@ -63,59 +58,6 @@ class Start:
     #   "hooked"): plan.check_variants holds the first variant of each to the hooked model
 
 
-@contextmanager
-def fused_gelu(model) -> Iterator[None]:
-    """Swap GPT-2's NewGELUActivation (seven elementwise passes in Python) for transformers'
-    GELUTanh (torch's fused tanh GELU): the same function, about 3x faster on the CPU, equal
-    to within float rounding (~5e-7). Always restored."""
-    from transformers.activations import GELUTanh, NewGELUActivation
-
-    swapped = []
-    for block in model.blocks:
-        mlp = getattr(block.mlp, "original_component", None)
-        if isinstance(getattr(mlp, "act", None), NewGELUActivation):
-            swapped.append((mlp, mlp.act))
-            mlp.act = GELUTanh()
-    try:
-        yield
-    finally:
-        for mlp, act in swapped:
-            mlp.act = act
-
-
-def plain_parts(model) -> list | None:
-    """Each block's modules for the plain replay, if every block is one `replay` knows."""
-    from blockscope.arch import family
-
-    kind = family(model).replay
-    found = [replay.parts(b, kind) for b in model.blocks] if kind else [None]
-    return None if any(p is None for p in found) else found
-
-
-def block_step(model, clean: Clean, j: int, x: torch.Tensor, plain) -> torch.Tensor:
-    """Block j on x (B, T, d_model): plain torch calls if `plain` and it holds no hook,
-    else the bridge block with the arguments the clean pass recorded."""
-    if plain is not None and not replay.hooked(model.blocks[j]):
-        return replay.block_forward(plain[j], x, clean.replay[j])
-    args, kwargs = clean.replay[j]
-    out = model.blocks[j](x, *args, **kwargs)
-    return out[0] if isinstance(out, tuple) else out
-
-
-def mlp_step(model, lay, j: int, x: torch.Tensor, plain) -> torch.Tensor:
-    """Block j from its mid residual x (sequential blocks): its MLP half, then the block's
-    own output hook point (`hook_resid_post`), so hooks there fire as in a full block."""
-    block = model.blocks[j]
-    if plain is not None and not replay.hooked(block):
-        return replay.mlp_half(plain[j], x)
-    h = block.ln2(x) if lay.pre_mlp_norm else x
-    h = block.mlp(h)
-    h = h[0] if isinstance(h, tuple) else h
-    if "ln2_post" in block._modules:
-        h = block.ln2_post(h)
-    return block.hook_out(x + h)
-
-
 def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],
               plain: list | None = None) -> list[torch.Tensor]:
     """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x)`: block
@@ -130,7 +72,7 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
         return x if not new else torch.cat(([] if x is None else [x]) + new)  # (B, T, d)
 
     x = None
-    with fused_gelu(model):
+    with steps.fused_gelu(model):
         for j in range(min(e[0] for e in entries), len(model.blocks)):
             x = join(x, False, j)
             if plain is not None and not replay.hooked(model.blocks[j]):
@@ -142,10 +84,10 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
                 x = None if x is None else replay.mlp_half(p, x)
                 continue
             if x is not None:
-                x = block_step(model, clean, j, x, None)
+                x = steps.block_step(model, clean, j, x, None)
             m = join(None, True, j)  # entering after attention: the MLP half only
             if m is not None:
-                m = mlp_step(model, lay, j, m, None)
+                m = steps.mlp_step(model, lay, j, m, None)
                 x = m if x is None else torch.cat([x, m])
         x = join(x, False, len(model.blocks))
         nll = unembed.final_nll(model, x, clean.chunk, clean.window, lay.softcap)  # (B, n)
@@ -212,7 +154,7 @@ def engine_nlls(
         clean = cleans[wi] if cleans is not None else clean_pass(
             model, tokens, w, [*kept_names(lay, len(model.blocks), z=False), *names])
         baseline.append(clean.nll.double().cpu())
-        plain = selfcheck.verify(model, lay, clean, variants, plain_parts(model))
+        plain = selfcheck.verify(model, lay, clean, variants, steps.plain_parts(model))
         size = (batch_size or default_batch_size(model, w.end - w.begin, True)) if plain else 1
         how["replay"].add("bridge" if plain is None else "plain")
         how["batch_size"].add(size)

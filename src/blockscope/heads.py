@@ -124,7 +124,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     `selfcheck.gradient_replay` has held that to the hooked model on each window; otherwise,
     and on any mismatch (said in `how["fallback"]`), through the hooked bridge."""
     from blockscope import arch, replay, selfcheck
-    from blockscope.engine import fused_gelu
+    from blockscope.steps import fused_gelu
 
     docs = as_docs(tokens)
     cfg = model.cfg

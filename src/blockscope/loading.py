@@ -17,9 +17,9 @@ from blockscope.spec import (  # noqa: F401  (the names callers import from here
     OFFLINE_MODEL,
     ModelSpec,
     looks_like_path,
+    resolve,
     resolve_device,
     resolve_dtype,
-    spec_for,
 )
 
 GETTING_A_MODEL = (f"run with --model {OFFLINE_MODEL} (a real trained model blockscope "
@@ -106,6 +106,12 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
         )
     except OSError as exc:
         raise BlockscopeError(f"cannot load model {spec.name!r} from the hub: {_first(exc)}")
+
+
+def spec_for(name: str | None, **options) -> ModelSpec:
+    """`spec.resolve`, the default model's fallback decided by what can be had here (the
+    HF cache and the hub: this module's to know)."""
+    return resolve(name, can_load=can_load, **options)
 
 
 def can_load(name: str) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from blockscope import arch, clean, engine, replay, stats
+from blockscope import arch, clean, engine, replay, stats, steps
 from blockscope.allocator import release
 from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
@@ -248,7 +248,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
         if check:
             check_variants(model, ids, wins[0], cleans[0], nlls, variants, starts)
         return nlls, how
-    except engine.ReplayMismatch as exc:
+    except steps.ReplayMismatch as exc:
         # the baseline too: the clean passes scored it through the replayed unembedding
         return (naive_nlls(model, ids, variants, wins=wins, progress=progress),
                 {"replay": "naive", "batch_size": 1,
@@ -274,7 +274,7 @@ def check_variants(model, ids, w: Window, c: clean.Clean, nlls: list[torch.Tenso
     firsts: dict[str, int] = {}
     for i, s in enumerate(starts):
         verdict = c.checked.get(("variant", s.kind))
-        if isinstance(verdict, engine.ReplayMismatch):
+        if isinstance(verdict, steps.ReplayMismatch):
             raise verdict
         if verdict is None:
             firsts.setdefault(s.kind, i)
@@ -290,7 +290,7 @@ def check_variants(model, ids, w: Window, c: clean.Clean, nlls: list[torch.Tenso
         err = float((got - reference).abs().max() / reference.abs().max().clamp_min(1.0))
         c.checked[("variant", kind)] = True
         if not err <= limit:
-            c.checked[("variant", kind)] = engine.ReplayMismatch(
+            c.checked[("variant", kind)] = steps.ReplayMismatch(
                 f"its {kind} entry ({variants[i].label}) differs from the hooked model by "
                 f"{err:.1e} relative on the first {n} tokens (allowed: {limit:.0e})")
             raise c.checked[("variant", kind)]

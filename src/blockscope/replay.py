@@ -118,20 +118,13 @@ def _inner(bridge):
     return getattr(bridge, "original_component", None)
 
 
-def parts(block, kind: str):
-    """The plain parts of a bridged block in eval mode for the family's replay `kind`
-    (`arch.Family.replay`): GPT-2's (`Parts`), the Llama family's or GPT-NeoX's
-    (`replay_rotary`); None where the block is not the layout that replay reads."""
+def parts(block):
+    """The plain parts (`Parts`) of a bridged GPT-2 block in eval mode; None where the
+    block is not the layout they read (`steps.plain_parts` picks the family's replay)."""
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, GPT2Attention, GPT2Block
 
     hf = _inner(block)
-    if block.training:
-        return None
-    if kind != "gpt2":
-        from blockscope import replay_rotary
-
-        return replay_rotary.parts(block, kind)
-    if not isinstance(hf, GPT2Block):
+    if block.training or not isinstance(hf, GPT2Block):
         return None
     if getattr(hf, "crossattention", None) is not None:
         return None

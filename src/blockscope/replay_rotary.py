@@ -129,6 +129,8 @@ def parts(block, kind: str):
     """A Llama-family ("llama") or GPT-NeoX ("neox") block's plain parts, or None where the
     block is not that layout."""
     hf = _inner(block)
+    if block.training:
+        return None
     if kind == "llama":
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import platform
 import tempfile
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
 
+from blockscope import versions
 from blockscope.errors import BlockscopeError
 
 
@@ -31,18 +30,6 @@ def check_out_dir(out_dir: str | Path) -> Path:
     except OSError as exc:
         raise BlockscopeError(f"--out-dir {path}: not writable ({exc.strerror or exc})")
     return path
-
-
-def versions(packages=("blockscope", "torch", "transformer-lens", "transformers")
-             ) -> dict[str, str]:
-    """Python's version and each installed package's (every sidecar records them)."""
-    out = {"python": platform.python_version()}
-    for pkg in packages:
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
 
 
 def sidecar(**settings) -> dict:

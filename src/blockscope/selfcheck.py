@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from blockscope import engine, replay, unembed
+from blockscope import replay, steps, unembed
 from blockscope.arch import hf_config
 from blockscope.clean import Clean
-from blockscope.engine import ReplayMismatch, fused_gelu
+from blockscope.steps import ReplayMismatch
 from blockscope.text import Window
 
 REL = 1e-5  # float32; half precision gets its own rounding scale (see tolerance)
@@ -87,7 +87,7 @@ def _verify(model, lay, clean: Clean, mids: bool, relies, plain, bridge: bool = 
     hooks, or there is no plain replay: `plain is None` implies it); if not, and the plain
     replay agrees, the bridge's own replay is not checked, since it will not run."""
     tol = tolerance(clean.pre[0].dtype)
-    with torch.inference_mode(), fused_gelu(model):
+    with torch.inference_mode(), steps.fused_gelu(model):
         for j in block_kinds(model):
             # block j's output is what block j+1 receives, before that block's own hooks
             x, want = clean.entering(j), clean.entering(j + 1)
@@ -95,14 +95,14 @@ def _verify(model, lay, clean: Clean, mids: bool, relies, plain, bridge: bool = 
                 # the plain replay only: the bridge's blocks will run, all of them checked
                 return _verify(model, lay, clean, mids, relies, None)
             if bridge:
-                err = _rel(engine.block_step(model, clean, j, x, None), want)
+                err = _rel(steps.block_step(model, clean, j, x, None), want)
                 if err > tol:
                     raise ReplayMismatch(f"replaying block {j} gives its output to {err:.1e} "
                                          f"relative (allowed {tol:.0e})")
             if mids:
                 mid = clean.act("hook_resid_mid", j)
                 for p in [*([None] if bridge else []), *([plain] if plain is not None else [])]:
-                    err = _rel(engine.mlp_step(model, lay, j, mid, p), want)
+                    err = _rel(steps.mlp_step(model, lay, j, mid, p), want)
                     if err > tol:
                         raise ReplayMismatch(f"block {j}'s MLP half from its mid residual "
                                              f"gives its output to {err:.1e} relative")
@@ -130,7 +130,7 @@ def _plain_agrees(model, clean: Clean, j: int, x, plain, want, tol: float) -> bo
     """Whether the plain replay of block j reproduces it (a replay that cannot run, e.g.
     without the rotary arguments it needs, does not)."""
     try:
-        return _rel(engine.block_step(model, clean, j, x, plain), want) <= tol
+        return _rel(steps.block_step(model, clean, j, x, plain), want) <= tol
     except RuntimeError:  # replay_rotary.ReplayArgsMissing among them
         return False
 
@@ -170,13 +170,13 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     key = ("gradient", hooked, bool((mask == 0).any()))
     if key in clean.checked:
         return (*clean.checked[key], None)
-    plain = engine.plain_parts(model)
+    plain = steps.plain_parts(model)
     if plain is None or hooked:
         clean.checked[key] = (None, None)
         return None, None, None
     tol = tolerance(clean.pre[0].dtype)
     got, want = [], []
-    with torch.enable_grad(), engine.fused_gelu(model):
+    with torch.enable_grad(), steps.fused_gelu(model):
         m = mask.detach().clone().requires_grad_(True)
         nll = replay.masked_nll(model, plain, clean, m, lay.softcap)
         grad = (torch.autograd.grad(nll.sum(), m, allow_unused=True)[0]

@@ -1,12 +1,14 @@
 """What a --model, --device and --dtype resolve to, before anything loads.
 
-`spec_for` turns the command line's names into a `ModelSpec` (recorded in every sidecar),
-failing fast on a device or dtype this machine does not have; `loading` then loads it.
+`resolve` (called through `loading.spec_for`) turns the command line's names into a
+`ModelSpec` (recorded in every sidecar), failing fast on a device or dtype this machine
+does not have; `loading` then loads it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,23 +89,22 @@ DEFAULT_MODEL = "gpt2"  # what runs when no --model is named, where it can be ha
 OFFLINE_MODEL = "smollm2-135m"  # what runs instead where it cannot (fetch.MODELS)
 
 
-def spec_for(
+def resolve(
     name: str | None, *, device: str = "auto", dtype: str = "float32",
     processed: bool = False, bos_token: str | None = None,
+    can_load: Callable[[str], bool] = lambda name: True,
 ) -> ModelSpec:
     """Resolve names without loading anything: fails fast on a bad device or dtype.
 
-    `name` None: GPT-2 small where it can be loaded (in the HF cache, or the hub
-    reachable), else the offline model, recorded as `fallback_from`. A name in
-    `fetch.MODELS` (and no folder of that name here) is the folder it is fetched into."""
+    `name` None: GPT-2 small where `can_load` says it can be had (`loading.spec_for` asks
+    the HF cache and the hub), else the offline model, recorded as `fallback_from`. A name
+    in `fetch.MODELS` (and no folder of that name here) is the folder it is fetched into."""
     from blockscope import fetch
 
     resolve_dtype(dtype)
     dev = resolve_device(device)
     extra = dict(bos_token=bos_token)
     if name is None:
-        from blockscope.loading import can_load
-
         if can_load(DEFAULT_MODEL):
             name = DEFAULT_MODEL
         else:

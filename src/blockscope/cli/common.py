@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from blockscope.cli import output
+from blockscope.cli.console import err, out, styled  # noqa: F401  (the commands' consoles)
 from blockscope.errors import BlockscopeError
 
 app = typer.Typer(
@@ -24,19 +24,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-# Literal consoles: a path or model name may contain "[", which must print as itself.
-# Styles come from Text objects (`styled`), never from markup in strings.
-out = Console(markup=False)
-err = Console(stderr=True, markup=False)
-
-
-def styled(label: str, style: str, rest: str = ""):
-    """`label` in `style`, then `rest`, as literal text."""
-    from rich.text import Text
-
-    return Text.assemble((label, style), rest)
-
-
 def flag(*names, **kwargs):
     """A boolean typer.Option, shown in --help without a `<bool>` placeholder."""
     return typer.Option(*names, metavar="", **kwargs)

@@ -93,7 +93,7 @@ def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
     """Write `{suffix: DataFrame}` as `<stem><suffix>-<digest>.csv`, `<stem>-<digest>.json`
     and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
     say so when files of an earlier run with the same settings were replaced."""
-    from blockscope.cli.common import err, out
+    from blockscope.cli.console import err, out
     from blockscope.results import write_outputs
 
     digest = settings_digest()

@@ -1,0 +1,86 @@
+"""The package's layering, read from its imports (module level and inside functions):
+
+    cli -> results (writes, plots, tables) -> experiments -> sweeps (naive loop, engine)
+        -> interventions -> model (spec, loading, fetch, arch) -> inputs -> errors
+
+A module imports only from its own layer or the layers below, and no two modules import
+each other, however indirectly."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).parents[1] / "src" / "blockscope"
+LAYERS = [  # lowest first
+    {"blockscope", "errors"},
+    {"text", "corpus", "parallel"},
+    {"spec", "loading", "fetch", "arch", "toy"},
+    {"interventions"},
+    {"sweep", "plan", "stats", "clean", "engine", "steps", "replay", "replay_rotary",
+     "selfcheck", "unembed", "allocator"},
+    {"ablate", "heads", "pruning", "resid_norm", "params", "shapes", "layernorm",
+     "norm_placement", "norm_stack", "head_roles", "attention", "reproduce",
+     "reproduce_sections", "similarity"},
+    {"results", "plots", "render"},
+    {"cli", "__main__"},
+]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for p in SRC.rglob("*.py"):
+        parts = p.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "blockscope"
+        found[name] = p
+    return found
+
+
+def imports() -> dict[str, set[str]]:
+    mods = modules()
+    edges = {name: set() for name in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blockscope"):
+                base = node.module.removeprefix("blockscope").lstrip(".") or "blockscope"
+                for alias in node.names:
+                    sub = alias.name if base == "blockscope" else f"{base}.{alias.name}"
+                    edges[name].add(sub if sub in mods else base)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("blockscope."):
+                        edges[name].add(alias.name.removeprefix("blockscope."))
+        edges[name].discard(name)
+    return edges
+
+
+def layer(name: str) -> int:
+    top = "cli" if name.startswith("cli") else name
+    (index,) = [i for i, group in enumerate(LAYERS) if top in group]
+    return index
+
+
+def test_every_module_has_a_layer():
+    assert all(layer(name) is not None for name in modules())
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = [f"{a} -> {b}" for a, targets in imports().items() for b in targets
+              if layer(b) > layer(a)]
+    assert not upward, upward
+
+
+def test_no_import_cycles():
+    edges, cycles = imports(), []
+
+    def visit(name, path):
+        for nxt in edges[name]:
+            if nxt in path:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(edges):
+        if name not in done:
+            visit(name, [name])
+    assert not cycles, sorted(set(cycles))
