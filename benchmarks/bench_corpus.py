@@ -43,7 +43,7 @@ def write_corpus(path: Path, tokenizer, n_tokens: int, lengths: tuple[int, int],
                  seed: int = 0) -> int:
     """Documents of `lengths` (min, max) tokens cut from the Alice passage, until
     `n_tokens`."""
-    from blockscope.text import packaged_alice
+    from blockscope.inputs.text import packaged_alice
 
     ids = tokenizer.encode(packaged_alice().read_text(encoding="utf-8"))
     rng = random.Random(seed)
@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
 
-    from blockscope.toy import gpt2_tokenizer, save_gpt2_checkpoint
+    from blockscope.model.toy import gpt2_tokenizer, save_gpt2_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

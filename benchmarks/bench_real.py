@@ -34,10 +34,10 @@ import torch  # noqa: E402
 from bench_sweeps import ALICE, matmul_peak  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from blockscope import fetch  # noqa: E402
-from blockscope.ablate import block_ablation  # noqa: E402
-from blockscope.loading import load_model, spec_for  # noqa: E402
-from blockscope.text import read_passage, tokenize  # noqa: E402
+from blockscope.experiments.ablate import block_ablation  # noqa: E402
+from blockscope.inputs.text import read_passage, tokenize  # noqa: E402
+from blockscope.model import fetch  # noqa: E402
+from blockscope.model.loading import load_model, spec_for  # noqa: E402
 
 NAME = "smollm2-135m"
 

@@ -48,17 +48,29 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from blockscope.ablate import block_ablation  # noqa: E402
 from blockscope.allocator import tune_allocator  # noqa: E402
-from blockscope.heads import head_importance, single_head_ablation  # noqa: E402
-from blockscope.loading import load_model, spec_for  # noqa: E402
-from blockscope.text import read_passage, tokenize  # noqa: E402
-from blockscope.toy import save_checkpoint, save_gpt2_checkpoint  # noqa: E402
+from blockscope.experiments.ablate import block_ablation  # noqa: E402
+from blockscope.experiments.heads import head_importance, single_head_ablation  # noqa: E402
+from blockscope.inputs.text import read_passage, tokenize  # noqa: E402
+from blockscope.model.loading import load_model, spec_for  # noqa: E402
+from blockscope.model.toy import gpt2_tokenizer, save_gpt2_checkpoint  # noqa: E402
 
 # A Llama at GPT-2 small's size: grouped-query attention (4 K/V heads), SwiGLU 2048.
 LLAMA_SMALL = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
                    num_key_value_heads=4, intermediate_size=2048, max_position_embeddings=1024,
                    initializer_range=0.02)
+def save_llama(path: str) -> None:
+    """A random-init LlamaForCausalLM of LLAMA_SMALL's sizes with the GPT-2 tokenizer (as
+    the tests' family builder makes them, with the real shapes)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=50257, bos_token_id=50256, eos_token_id=50256,
+                                      **LLAMA_SMALL)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(path)
+    gpt2_tokenizer().save_pretrained(path)
+
+
 TARGETS = {"blocks": 2.0, "heads": 1.8}  # engine / naive, sweep and whole command
 REL = 1e-5  # engine and naive numbers must agree to this, relative
 
@@ -170,7 +182,7 @@ def main() -> None:
             if arch == "gpt2":
                 save_gpt2_checkpoint(path)
             else:
-                save_checkpoint("llama", path, **LLAMA_SMALL)
+                save_llama(path)
             run(args, path, arch)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from blockscope.toy import gpt2_tokenizer
+from blockscope.model.toy import gpt2_tokenizer
 
 from .conftest import ALICE
 

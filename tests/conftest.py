@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from blockscope.loading import load_model, spec_for  # noqa: E402
-from blockscope.toy import save_gpt2_checkpoint  # noqa: E402
+from blockscope.model.loading import load_model, spec_for  # noqa: E402
+from blockscope.model.toy import save_gpt2_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ALICE = REPO / "data" / "alice.txt"
@@ -32,7 +32,7 @@ def _models_load_once():
     real loader, the first time): loading is most of a tiny model's command. Keyed by the
     whole spec and the checkpoint files' times, so a changed or rewritten folder loads anew;
     failed loads are never kept."""
-    from blockscope import loading
+    from blockscope.model import loading
 
     real, kept = loading.load_model, {}
 

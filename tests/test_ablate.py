@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from blockscope.ablate import block_ablation
 from blockscope.errors import BlockscopeError
-from blockscope.text import tokenize
+from blockscope.experiments.ablate import block_ablation
+from blockscope.inputs.text import tokenize
 
 from .references import hf_sliding_ppl
 

@@ -118,12 +118,12 @@ def test_bad_input_one_line_no_traceback_nothing_written(run, tiny_dir, tmp_path
 
 
 def test_ctrl_c_during_sweep_writes_nothing(run, tiny_dir, tmp_path, monkeypatch):
-    import blockscope.ablate
+    import blockscope.experiments.ablate
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(blockscope.ablate, "block_ablation", interrupted)
+    monkeypatch.setattr(blockscope.experiments.ablate, "block_ablation", interrupted)
     res = run("ablate", "-t", ALICE, "-m", tiny_dir, "--out-dir", tmp_path / "r")
     assert res.exit_code == 130
     assert "nothing was written" in res.stderr
@@ -133,7 +133,7 @@ def test_ctrl_c_during_sweep_writes_nothing(run, tiny_dir, tmp_path, monkeypatch
 def test_interrupted_write_leaves_no_partial_files(tmp_path, monkeypatch):
     import os
 
-    from blockscope import results
+    from blockscope.results import files as results
 
     calls = []
     real = os.replace
@@ -298,7 +298,7 @@ def test_messages_print_paths_literally(run, tmp_path, name):
 
 
 def test_a_fallback_is_said_and_recorded(run, tiny_dir, tmp_path, monkeypatch):
-    from blockscope import steps
+    from blockscope.sweeps import steps
 
     monkeypatch.setattr(steps, "block_step", lambda m, c, j, x, p: 1.001 * x)
     monkeypatch.setattr(steps, "plain_parts", lambda model: None)

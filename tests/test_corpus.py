@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from blockscope.ablate import block_ablation
-from blockscope.corpus import Source, load_docs
 from blockscope.errors import BlockscopeError
-from blockscope.resid_norm import norm_distribution
-from blockscope.stats import Bootstrap
+from blockscope.experiments.ablate import block_ablation
+from blockscope.experiments.resid_norm import norm_distribution
+from blockscope.inputs.corpus import Source, load_docs
+from blockscope.sweeps.stats import Bootstrap
 
 from .builders import paragraphs, write_jsonl
 from .conftest import ALICE
@@ -212,7 +212,7 @@ def test_bootstrap_is_seeded_and_narrows_with_more_documents(tiny, tmp_path):
 
 
 def test_one_passage_resamples_128_token_chunks(tiny, alice_text):
-    from blockscope.text import tokenize
+    from blockscope.inputs.text import tokenize
 
     ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)
     df = block_ablation(tiny, ids, ci=Bootstrap(200))

@@ -141,7 +141,8 @@ def test_a_failing_rank_says_so_and_writes_nothing(tiny_dir, tmp_path, corpus, m
     """Rank 1 of a two-process run breaks mid-sweep: it says so in one line naming its rank,
     exits 1 (which fails torchrun's whole run) and nothing is written. In one process with
     rank 1's environment: torchrun itself is launched once, for the equality above."""
-    from blockscope import parallel, plan
+    from blockscope.inputs import parallel
+    from blockscope.sweeps import plan
 
     def broken(*a, **k):
         raise RuntimeError("injected failure on rank 1")

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from blockscope.ablate import block_ablation
-from blockscope.clean import clean_pass
-from blockscope.engine import CPU_BATCH, default_batch_size
-from blockscope.heads import head_importance, one_head_per_layer
-from blockscope.heads import single_head_ablation as heads_sweep
-from blockscope.pruning import pruning_curve
-from blockscope.sweep import model_windows, token_nll
-from blockscope.text import tokenize
+from blockscope.experiments.ablate import block_ablation
+from blockscope.experiments.heads import head_importance, one_head_per_layer
+from blockscope.experiments.heads import single_head_ablation as heads_sweep
+from blockscope.experiments.pruning import pruning_curve
+from blockscope.inputs.text import tokenize
+from blockscope.sweeps.clean import clean_pass
+from blockscope.sweeps.engine import CPU_BATCH, default_batch_size
+from blockscope.sweeps.sweep import model_windows, token_nll
 
 REL = 1e-5
 
@@ -79,7 +79,7 @@ def test_pruning_curve_equals_naive(tiny, ids, order):
     equals the naive loop's, intervals included; the whole model's importance handed in
     changes nothing. Over windows the gradient order only: the orders differ in which
     heads go, not in how a step is scored (the short text holds all three)."""
-    from blockscope.stats import Bootstrap
+    from blockscope.sweeps.stats import Bootstrap
 
     kw = dict(order=order, step=0.3, stride=100, seed=1, ci=Bootstrap(100))
     naive = pruning_curve(tiny, ids, engine="naive", **kw)
@@ -108,8 +108,8 @@ def test_clean_pass_is_the_clean_forward(tiny, ids):
 
 def test_clean_pass_with_a_hooked_unembedding_materialises_the_logits(tiny, ids):
     """A hook on the unembedding sees every position, and the NLL is still the clean one."""
-    from blockscope.clean import _last_logits_only
     from blockscope.interventions import applied
+    from blockscope.sweeps.clean import _last_logits_only
 
     w = model_windows(tiny, ids, 100)[0]
     seen = []
@@ -144,9 +144,9 @@ def test_fused_gelu_is_swapped_back(tiny, ids):
 
 
 def test_hooks_on_the_unembedding_are_honoured(tiny, ids):
-    from blockscope.engine import Start, engine_sweep
     from blockscope.interventions import applied
-    from blockscope.sweep import perplexity_row
+    from blockscope.sweeps.engine import Start, engine_sweep
+    from blockscope.sweeps.sweep import perplexity_row
 
     hooks = [("unembed.hook_out", lambda logits, hook=None: 0.5 * logits)]
     wins = model_windows(tiny, ids, 100)
@@ -162,8 +162,8 @@ def test_hooks_on_the_unembedding_are_honoured(tiny, ids):
 def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
     """Variants entering at every block, before or after its attention, in one growing
     batch: clean residuals give the baseline; perturbed ones what they give one at a time."""
-    from blockscope import steps
-    from blockscope.engine import Start, engine_sweep
+    from blockscope.sweeps import steps
+    from blockscope.sweeps.engine import Start, engine_sweep
 
     if not plain:
         monkeypatch.setattr(steps, "plain_parts", lambda *a: None)
@@ -188,8 +188,8 @@ def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
 def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch):
     """If the plain replay applied the head mask wrongly (here: not at all), the self-check
     against the hooked model catches it: the bridge's gradient is used, and that is said."""
-    from blockscope import plan, replay
-    from blockscope.heads import gradient_pass
+    from blockscope.experiments.heads import gradient_pass
+    from blockscope.sweeps import plan, replay
 
     keep = torch.ones(3, 4)
     keep[2, 1] = 0
@@ -207,8 +207,8 @@ def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monke
     self-check holds that path too, even after a check at a mask that removes no head (as in
     prune-heads: the importance of the whole model, then the pruning steps): a replay that
     left out the wrong head is caught, and the bridge's gradient is used."""
-    from blockscope import plan, replay
-    from blockscope.heads import gradient_pass
+    from blockscope.experiments.heads import gradient_pass
+    from blockscope.sweeps import plan, replay
 
     prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
     whole = gradient_pass(tiny, ids, prepared=prepared)
@@ -228,8 +228,8 @@ def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
     """The self-check's own plain pass is the result: with a check at the whole model and one
     at the first mask that removes a head, three gradient passes run the plain replay three
     times a window, not five, and give what they gave when the check's pass was run again."""
-    from blockscope import plan, replay
-    from blockscope.heads import gradient_pass
+    from blockscope.experiments.heads import gradient_pass
+    from blockscope.sweeps import plan, replay
 
     prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
     keep = torch.ones(3, 4)
@@ -249,7 +249,7 @@ def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     the hooked model's; a `prepared` of another method is refused. Over windows only the
     mean method, whose means come from every window (the zero method's windows are held
     to the naive loop by the tests above)."""
-    from blockscope.heads import prepare
+    from blockscope.experiments.heads import prepare
 
     windows = len(model_windows(tiny, ids, 100)) > 1
     importance, normalised = head_importance(tiny, ids, stride=100)  # the hooked model's
@@ -281,7 +281,7 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
     says so, and gives the reference's numbers; without the slip it does not fall back."""
     from dataclasses import replace
 
-    from blockscope import plan
+    from blockscope.sweeps import plan
 
     sweep = ((lambda **kw: block_ablation(tiny, ids, part="block", method="mean", stride=100,
                                           **kw)) if slip == "block fill" else

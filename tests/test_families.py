@@ -10,14 +10,14 @@ input. Every experiment, both engines, must give the reference's numbers.
 import pytest
 import torch
 
-from blockscope.ablate import block_ablation
-from blockscope.arch import FAMILIES, layout
-from blockscope.heads import single_head_ablation
-from blockscope.loading import load_model, spec_for
-from blockscope.pruning import pruning_curve
-from blockscope.resid_norm import resid_norms
-from blockscope.shapes import block_shapes
-from blockscope.text import tokenize
+from blockscope.experiments.ablate import block_ablation
+from blockscope.experiments.heads import single_head_ablation
+from blockscope.experiments.pruning import pruning_curve
+from blockscope.experiments.resid_norm import resid_norms
+from blockscope.experiments.shapes import block_shapes
+from blockscope.inputs.text import tokenize
+from blockscope.model.arch import FAMILIES, layout
+from blockscope.model.loading import load_model, spec_for
 
 from .builders import FAMILY_CONFIGS, save_checkpoint
 
@@ -232,7 +232,7 @@ def test_params_files_every_parameter_of_every_family():
     """No family's MLP (OPT's fc1/fc2, Mixtral's experts) lands in "block other"."""
     import transformers
 
-    from blockscope.params import parameter_counts
+    from blockscope.experiments.params import parameter_counts
 
     for family, (name, kw) in FAMILY_CONFIGS.items():
         config = getattr(transformers, name)(vocab_size=50257, **kw)
@@ -250,8 +250,8 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
     leaves out): some of a layer's; a whole layer's, and all but one head of another (a
     grouped-query K/V head no kept head reads). Elsewhere it runs through the bridge, and
     nothing falls back. A removed head's importance is 0 either way."""
-    from blockscope import plan
-    from blockscope.heads import gradient_pass
+    from blockscope.experiments.heads import gradient_pass
+    from blockscope.sweeps import plan
 
     family, model, _, ids = fam
     prepared = plan.prepare(model, ids, engine_name="cached", heads=True)

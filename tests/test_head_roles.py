@@ -9,10 +9,10 @@ import torch
 from typer.testing import CliRunner
 
 from blockscope.cli import app
-from blockscope.head_roles import ROLES, repeated_random, role_scores
-from blockscope.loading import load_model, spec_for
-from blockscope.text import tokenize
-from blockscope.toy import save_gpt2_checkpoint
+from blockscope.experiments.head_roles import ROLES, repeated_random, role_scores
+from blockscope.inputs.text import tokenize
+from blockscope.model.loading import load_model, spec_for
+from blockscope.model.toy import save_gpt2_checkpoint
 
 from .builders import save_checkpoint
 from .conftest import ALICE, result
@@ -126,7 +126,7 @@ def test_attention_csv_sums_to_one_and_is_causal(tiny_dir, tmp_path):
     assert df[df["query_pos"] == 0]["query_token"].iloc[0] == "<|endoftext|>"  # BOS's text
     assert " capital" in set(df["query_token"])  # the token's own text, not the table's ␠
     assert "␠capital" in res.stdout and "top-3 keys per query" in res.stdout
-    from blockscope.attention import top_keys
+    from blockscope.experiments.attention import top_keys
 
     for i, (_, keys) in enumerate(top_keys(df, 0, 1)):  # only keys the query can see
         assert all(int(key.split(":")[0]) <= i for key, _ in keys), (i, keys)

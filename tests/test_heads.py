@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.heads import head_importance, one_head_per_layer, single_head_ablation
+from blockscope.experiments.heads import head_importance, one_head_per_layer, single_head_ablation
+from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, mask_heads
-from blockscope.sweep import model_windows, token_nll
-from blockscope.text import tokenize
+from blockscope.sweeps.sweep import model_windows, token_nll
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."

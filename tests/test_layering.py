@@ -1,6 +1,6 @@
 """The package's layering, read from its imports (module level and inside functions):
 
-    cli -> results (writes, plots, tables) -> experiments -> sweeps (naive loop, engine)
+    cli -> results (files, plots, tables) -> experiments -> sweeps (naive loop, engine)
         -> interventions -> model (spec, loading, fetch, arch) -> inputs -> errors
 
 A module imports only from its own layer or the layers below, and no two modules import
@@ -10,17 +10,14 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src" / "blockscope"
-LAYERS = [  # lowest first
-    {"blockscope", "errors"},
-    {"text", "corpus", "parallel"},
-    {"spec", "loading", "fetch", "arch", "toy"},
+LAYERS = [  # lowest first: the package root and errors, then each subpackage
+    {"blockscope", "errors", "allocator"},  # and the process-wide malloc setting
+    {"inputs"},
+    {"model"},
     {"interventions"},
-    {"sweep", "plan", "stats", "clean", "engine", "steps", "replay", "replay_rotary",
-     "selfcheck", "unembed", "allocator"},
-    {"ablate", "heads", "pruning", "resid_norm", "params", "shapes", "layernorm",
-     "norm_placement", "norm_stack", "head_roles", "attention", "reproduce",
-     "reproduce_sections", "similarity"},
-    {"results", "plots", "render"},
+    {"sweeps"},
+    {"experiments"},
+    {"results"},
     {"cli", "__main__"},
 ]
 
@@ -53,7 +50,7 @@ def imports() -> dict[str, set[str]]:
 
 
 def layer(name: str) -> int:
-    top = "cli" if name.startswith("cli") else name
+    top = name.split(".")[0]
     (index,) = [i for i, group in enumerate(LAYERS) if top in group]
     return index
 

@@ -1,7 +1,7 @@
 import pytest
 
 from blockscope.errors import BlockscopeError
-from blockscope.layernorm import layer_norm_steps
+from blockscope.experiments.layernorm import layer_norm_steps
 
 
 def step(df, name, ndigits=3):

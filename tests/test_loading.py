@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.loading import load_model, resolve_device, spec_for
+from blockscope.model.loading import load_model, resolve_device, spec_for
 
 
 def test_loads_local_checkpoint_raw_eval_fp32(tiny, tiny_dir):
@@ -83,7 +83,7 @@ def test_one_table_reads_every_familys_sizes():
     config.json dicts alike, a multimodal config's text_config first."""
     from transformers import GPT2Config, LlamaConfig
 
-    from blockscope.arch import config_get
+    from blockscope.model.arch import config_get
 
     gpt2 = GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=128)
     llama = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,

@@ -32,7 +32,7 @@ def no_load(monkeypatch):
         raise AssertionError("the model was loaded before the bad option was refused")
 
     monkeypatch.setattr(cli_common, "load", fail)
-    monkeypatch.setattr("blockscope.loading.load_model", fail)
+    monkeypatch.setattr("blockscope.model.loading.load_model", fail)
 
 
 def one_line(res, message):
@@ -53,7 +53,7 @@ def test_prompt_file_loses_bom_and_trailing_newline(run, tiny_dir, tmp_path):
 
 
 def test_whitespace_tokens_are_visible(tiny):
-    from blockscope.text import token_text, visible
+    from blockscope.inputs.text import token_text, visible
 
     def token_label(tokenizer, i):
         return visible(token_text(tokenizer, i))
@@ -78,7 +78,7 @@ def test_layernorm_refuses_non_finite_input_and_bad_eps(run, tmp_path, args, mes
 def test_sidecars_are_standard_json(tmp_path):
     import pandas as pd
 
-    from blockscope.results import write_outputs
+    from blockscope.results.files import write_outputs
 
     write_outputs(tmp_path, {"a.json": {"x": float("nan"), "y": [float("inf"), 1.0]},
                              "a.csv": pd.DataFrame({"v": [1]})})
@@ -96,7 +96,7 @@ def test_prompt_longer_than_the_context_is_refused_up_front(run, tiny_dir, tmp_p
 
 
 def test_checkpoint_without_tokenizer_files(run, tmp_path):
-    from blockscope.toy import save_gpt2_checkpoint
+    from blockscope.model.toy import save_gpt2_checkpoint
 
     path = save_gpt2_checkpoint(tmp_path / "notok", n_layer=1, n_embd=32, n_head=2,
                                 n_positions=32)
@@ -151,7 +151,7 @@ def test_silently_accepted_values_are_refused_or_said(run, tiny_dir, tmp_path):
 
 
 def test_paths_and_messages(run, tiny_dir, tmp_path, monkeypatch):
-    from blockscope.loading import spec_for
+    from blockscope.model.loading import spec_for
 
     monkeypatch.chdir(tiny_dir.parent)  # a relative directory name, no ./
     assert spec_for(tiny_dir.name).is_local
@@ -175,7 +175,7 @@ def test_paths_and_messages(run, tiny_dir, tmp_path, monkeypatch):
 def test_files_respect_the_umask_and_stale_temp_files_go(tmp_path):
     import pandas as pd
 
-    from blockscope.results import STALE_S, write_outputs
+    from blockscope.results.files import STALE_S, write_outputs
 
     stale = tmp_path / ".old.csv.abcd1234.tmp"
     fresh = tmp_path / ".new.csv.efgh5678.tmp"
@@ -228,7 +228,7 @@ def test_help_has_no_bool_placeholders_and_negative_numbers_get_a_hint(run):
 def test_narrow_terminals_never_cut_a_number():
     import pandas as pd
 
-    from blockscope.render import table
+    from blockscope.results.render import table
 
     buf = io.StringIO()
     Console(file=buf, width=12).print(table(pd.DataFrame({"perplexity": [4_811_356_789.126]}),
@@ -241,8 +241,8 @@ def test_narrow_terminals_never_cut_a_number():
 def test_plots_name_the_part_and_titles_use_the_directory_name(tmp_path):
     import pandas as pd
 
-    from blockscope.loading import ModelSpec
-    from blockscope.plots import ablation_plot
+    from blockscope.model.loading import ModelSpec
+    from blockscope.results.plots import ablation_plot
 
     spec = ModelSpec("x", str(tmp_path / "deep" / "ckpt"), True, "cpu", "bfloat16", False)
     assert spec.label == "ckpt (bfloat16)" and spec.slug == "ckpt-bfloat16"
@@ -262,7 +262,7 @@ def test_reproduce_verdict_does_not_read_as_a_match():
 
 
 def test_the_default_text_works_from_any_folder(tmp_path, monkeypatch):
-    from blockscope.text import read_passage
+    from blockscope.inputs.text import read_passage
 
     monkeypatch.chdir(tmp_path)
     passage = read_passage("data/alice.txt")
@@ -326,9 +326,9 @@ def test_second_round_of_newcomer_defects(run, tiny_dir, tmp_path):
 @pytest.mark.parametrize("width", [60, 80, 120])
 def test_tables_never_cut_a_number(width):
     """params -m gpt3-175b | cat showed `1,207,959,55` and a `2` on the next line."""
-    from blockscope.loading import load_config
-    from blockscope.params import parameter_counts
-    from blockscope.render import fmt, table
+    from blockscope.experiments.params import parameter_counts
+    from blockscope.model.loading import load_config
+    from blockscope.results.render import fmt, table
 
     df = parameter_counts(load_config("gpt3-175b"))
     columns = {"component": ("component", "s"), "scope": ("scope", "s"),
@@ -352,7 +352,7 @@ def test_the_head_grid_splits_its_heads_rather_than_fold_a_number(width):
     whole on its line, and the heads split over grids that fit (each head shown once)."""
     import torch
 
-    from blockscope.render import heat_grid
+    from blockscope.results.render import heat_grid
 
     grid = torch.linspace(-0.5, 1.234, 144).reshape(12, 12)
     console = Console(width=width, record=True, markup=False, file=io.StringIO())
@@ -372,7 +372,7 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
     left". The time left now comes from the steps after it, and none is given before."""
     import time as clock
 
-    from blockscope import render
+    from blockscope.results import render
 
     now = iter([0.0, 100.0, 101.0, 102.0])  # start, the clean pass, then two variants
     monkeypatch.setattr(clock, "perf_counter", lambda: next(now))

@@ -9,9 +9,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from blockscope import norm_placement as np_exp
 from blockscope.cli import app
-from blockscope.norm_stack import WEIGHTS, Stack, StackConfig, init_weights, load_gpt2_weights
+from blockscope.experiments import norm_placement as np_exp
+from blockscope.experiments.norm_stack import (
+    WEIGHTS,
+    Stack,
+    StackConfig,
+    init_weights,
+    load_gpt2_weights,
+)
 
 from .conftest import ALICE, result
 

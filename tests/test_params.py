@@ -3,8 +3,8 @@ import json
 import pytest
 
 from blockscope.errors import BlockscopeError
-from blockscope.loading import load_config
-from blockscope.params import parameter_counts
+from blockscope.experiments.params import parameter_counts
+from blockscope.model.loading import load_config
 
 
 def counts(name, **kw):

@@ -4,13 +4,13 @@ and a broken replay caught by the self-check, which falls back to the naive loop
 import pytest
 import torch
 
-from blockscope import unembed
-from blockscope.ablate import block_ablation
-from blockscope.heads import single_head_ablation
+from blockscope.experiments.ablate import block_ablation
+from blockscope.experiments.heads import single_head_ablation
+from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, hooks
 from blockscope.interventions import intervention as Edit
-from blockscope.loading import load_model, spec_for
-from blockscope.text import tokenize
+from blockscope.model.loading import load_model, spec_for
+from blockscope.sweeps import unembed
 
 from .builders import save_checkpoint
 
@@ -78,7 +78,7 @@ def test_a_broken_replay_is_caught_and_the_naive_loop_runs(gemma2, monkeypatch):
 
 
 def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
-    from blockscope import steps
+    from blockscope.sweeps import steps
 
     naive = block_ablation(tiny, ids, part="mlp", engine="naive")
     monkeypatch.setattr(steps, "plain_parts", lambda model: None)  # the bridge's blocks
@@ -90,8 +90,8 @@ def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
 
 def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
     """A pruning curve scores many masks from the same clean passes: one self-check each."""
-    from blockscope import selfcheck
-    from blockscope.pruning import pruning_curve
+    from blockscope.experiments.pruning import pruning_curve
+    from blockscope.sweeps import selfcheck
 
     calls = []
     real = selfcheck._verify

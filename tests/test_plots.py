@@ -6,11 +6,11 @@ import matplotlib.image as mpimg
 import pytest
 from typer.testing import CliRunner
 
-from blockscope.ablate import block_ablation
 from blockscope.cli import app
-from blockscope.plots import ablation_plot
-from blockscope.plots import params_plot as plots_params
-from blockscope.text import tokenize
+from blockscope.experiments.ablate import block_ablation
+from blockscope.inputs.text import tokenize
+from blockscope.results.plots import ablation_plot
+from blockscope.results.plots import params_plot as plots_params
 
 from .conftest import ALICE, result
 
@@ -63,7 +63,7 @@ def test_ablation_plot_draws_the_paired_intervals(tiny):
     """Error bars from 1 + delta_ci / baseline around each bar's top; none without them."""
     from matplotlib.container import ErrorbarContainer
 
-    from blockscope.stats import Bootstrap
+    from blockscope.sweeps.stats import Bootstrap
 
     ids = tokenize(tiny.tokenizer, ALICE.read_text(), prepend_bos=True, max_tokens=300)
     df = block_ablation(tiny, ids, ci=Bootstrap(200))
@@ -105,7 +105,7 @@ def test_every_log_axis_has_plain_labels():
     plain numbers (80,000) as the ablation plot does."""
     import pandas as pd
 
-    from blockscope.plots import resid_norm_plot
+    from blockscope.results.plots import resid_norm_plot
 
     df = pd.DataFrame({"position": 0, "token": " is", "after": ["embeddings", "block 1"],
                        "norm": [2.6, 619.2]})
@@ -149,7 +149,7 @@ def test_head_roles_picture_has_whole_ticks_and_nothing_overlaps(n_layers, n_hea
     import numpy as np
     import pandas as pd
 
-    from blockscope.plots import head_roles_plot
+    from blockscope.results.plots import head_roles_plot
 
     roles = ["previous_token", "duplicate_token", "induction"]
     rng = np.random.default_rng(0)
@@ -169,7 +169,7 @@ def test_head_roles_picture_has_whole_ticks_and_nothing_overlaps(n_layers, n_hea
 def test_attention_picture_has_a_colour_bar_and_its_title_clear(layers, heads):
     import pandas as pd
 
-    from blockscope.plots import attention_plot
+    from blockscope.results.plots import attention_plot
 
     tokens = ["<|endoftext|>", "The", " capital", " of", " France", " is"]
     heads = heads or list(range(12))
@@ -183,7 +183,7 @@ def test_attention_picture_has_a_colour_bar_and_its_title_clear(layers, heads):
 
 def test_params_picture_names_a_checkpoint_by_its_folder(tmp_path, tiny_dir, monkeypatch):
     """`params -m /a/long/path/tiny-gpt2`: its bar and title say tiny-gpt2, and fit."""
-    from blockscope import plots
+    from blockscope.results import plots
 
     drawn = []
     monkeypatch.setattr(plots, "params_plot",

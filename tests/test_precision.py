@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from blockscope.sweep import nll_of
+from blockscope.sweeps.sweep import nll_of
 
 
 def test_nll_of_is_the_float64_log_softmax():
@@ -25,8 +25,8 @@ def big_vocab(tmp_path_factory):
     """A tiny Llama with SmolLM2's 49,152-token vocabulary."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from blockscope.loading import load_model, spec_for
-    from blockscope.toy import gpt2_tokenizer
+    from blockscope.model.loading import load_model, spec_for
+    from blockscope.model.toy import gpt2_tokenizer
 
     path = tmp_path_factory.mktemp("vocab") / "llama-49k"
     torch.manual_seed(0)
@@ -39,7 +39,7 @@ def big_vocab(tmp_path_factory):
 
 
 def test_engines_agree_far_inside_the_margin_at_a_large_vocabulary(big_vocab):
-    from blockscope.ablate import block_ablation
+    from blockscope.experiments.ablate import block_ablation
 
     ids = torch.randint(0, 49152, (1, 200), generator=torch.Generator().manual_seed(1))
     naive = block_ablation(big_vocab, ids, engine="naive")
@@ -52,8 +52,8 @@ def test_engines_agree_far_inside_the_margin_at_a_large_vocabulary(big_vocab):
 def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypatch):
     """With the first check made stricter than float32 can meet (as a 30-block model's
     gradients are, at 1e-5), a correct replay is judged against a float64 pass and kept."""
-    from blockscope import plan, selfcheck
-    from blockscope.heads import gradient_pass
+    from blockscope.experiments.heads import gradient_pass
+    from blockscope.sweeps import plan, selfcheck
 
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(selfcheck, "REL", 1e-13)
@@ -70,8 +70,8 @@ def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypa
 
 
 def test_a_wrong_replay_still_falls_back_under_the_float64_judge(tiny, monkeypatch):
-    from blockscope import plan, replay, selfcheck
-    from blockscope.heads import gradient_pass
+    from blockscope.experiments.heads import gradient_pass
+    from blockscope.sweeps import plan, replay, selfcheck
 
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(selfcheck, "REL", 1e-13)

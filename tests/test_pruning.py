@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from blockscope.errors import BlockscopeError
-from blockscope.pruning import prunable, pruning_curve
-from blockscope.sweep import model_windows, token_nll
-from blockscope.text import tokenize
+from blockscope.experiments.pruning import prunable, pruning_curve
+from blockscope.inputs.text import tokenize
+from blockscope.sweeps.sweep import model_windows, token_nll
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."

@@ -13,9 +13,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from blockscope import fetch
 from blockscope.cli import app
 from blockscope.errors import BlockscopeError
+from blockscope.model import fetch
 
 from .conftest import ALICE, result
 from .gguf_fixture import write_fake_wheel, write_tiny_llama_gguf

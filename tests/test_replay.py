@@ -3,14 +3,15 @@
 import pytest
 import torch
 
-from blockscope import arch, replay, selfcheck
-from blockscope.ablate import block_ablation
-from blockscope.clean import clean_pass, kept_names
-from blockscope.engine import Start, engine_sweep
+from blockscope.experiments.ablate import block_ablation
+from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied
-from blockscope.steps import plain_parts
-from blockscope.sweep import model_windows, perplexity_row, token_nll
-from blockscope.text import tokenize
+from blockscope.model import arch
+from blockscope.sweeps import replay, selfcheck
+from blockscope.sweeps.clean import clean_pass, kept_names
+from blockscope.sweeps.engine import Start, engine_sweep
+from blockscope.sweeps.steps import plain_parts
+from blockscope.sweeps.sweep import model_windows, perplexity_row, token_nll
 
 REL = 1e-5
 
@@ -104,7 +105,7 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
     rotary embeddings and mask the clean pass recorded for it."""
     from transformers import AutoModelForCausalLM
 
-    from blockscope.loading import load_model, spec_for
+    from blockscope.model.loading import load_model, spec_for
 
     from .builders import save_checkpoint
 
@@ -130,7 +131,7 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
 def test_chunked_nll_and_its_gradient_equal_log_softmax(bias):
     """The curve's differentiable unembedding: NLL and d NLL / d h equal float64
     log_softmax's and autograd's, and a central finite difference of one coordinate."""
-    from blockscope.unembed import VOCAB_CHUNK, ChunkedNLL
+    from blockscope.sweeps.unembed import VOCAB_CHUNK, ChunkedNLL
 
     g = torch.Generator().manual_seed(0)
     R, d, V = 7, 16, 3 * VOCAB_CHUNK + 5  # a partial last block

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from blockscope.cli import app
-from blockscope.reproduce import (
+from blockscope.experiments.reproduce import (
     Figure,
     compare,
     gpt2_shape_model,
@@ -118,11 +118,12 @@ def test_bad_reference(tmp_path):
 def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
     """After a plain `pip install .` there is no experiments/ folder: the packaged copy,
     the same bytes as experiments/article.toml, is found from any folder."""
-    from blockscope import reproduce as rp
+    from importlib.resources import files
 
-    packaged = Path(rp.__file__).parent / "data" / "article.toml"
-    assert packaged.read_bytes() == (Path(rp.__file__).parents[2] / rp.DEFAULT_REFERENCE) \
-        .read_bytes()
+    from blockscope.experiments import reproduce as rp
+
+    packaged = Path(str(files("blockscope") / "data" / "article.toml"))
+    assert packaged.read_bytes() == (REPO / rp.DEFAULT_REFERENCE).read_bytes()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(rp, "SOURCE_TREE", tmp_path)  # no checkout around it
     settings, figures = rp.load_reference(rp.DEFAULT_REFERENCE)
@@ -132,7 +133,7 @@ def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
 def test_one_experiments_figures_share_their_decimals():
     """The ablate rows were 22.184 beside 1,684.30: two digits finer than each figure is
     printed. One experiment's figures in one unit now share the finest of them."""
-    from blockscope.reproduce import Figure, compare
+    from blockscope.experiments.reproduce import Figure, compare
 
     figures = [Figure("ablate", "baseline perplexity", "22.2", "ablate.baseline"),
                Figure("ablate", "first block removed", "1,684", "ablate.block1"),
@@ -146,7 +147,7 @@ def test_one_experiments_figures_share_their_decimals():
 
 def test_norm_placement_numbers_read_alike():
     """24 beside 32.4: three significant figures, trailing zeros kept."""
-    from blockscope.render import sig3
+    from blockscope.results.render import sig3
 
     assert [sig3(x) for x in (24, 32.4, 0.00123, 5, 999.9, 1234.5)] == [
         "24.0", "32.4", "0.00123", "5.00", "1,000", "1,234"]

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.loading import load_model, spec_for
-from blockscope.resid_norm import resid_norms
-from blockscope.text import tokenize
+from blockscope.experiments.resid_norm import resid_norms
+from blockscope.inputs.text import tokenize
+from blockscope.model.loading import load_model, spec_for
 
 from .references import hf_stream
 

@@ -1,10 +1,10 @@
 import pytest
 
 from blockscope.errors import BlockscopeError
-from blockscope.loading import load_model, spec_for
-from blockscope.shapes import block_shapes
-from blockscope.text import tokenize
-from blockscope.toy import save_gpt2_checkpoint
+from blockscope.experiments.shapes import block_shapes
+from blockscope.inputs.text import tokenize
+from blockscope.model.loading import load_model, spec_for
+from blockscope.model.toy import save_gpt2_checkpoint
 
 PROMPT = "The capital of France is"
 

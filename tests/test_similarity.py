@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 import torch
 
-from blockscope.ablate import block_ablation, metric_correlations
-from blockscope.similarity import spearman
-from blockscope.sweep import model_windows
-from blockscope.text import tokenize
+from blockscope.experiments.ablate import block_ablation, metric_correlations
+from blockscope.experiments.similarity import spearman
+from blockscope.inputs.text import tokenize
+from blockscope.sweeps.sweep import model_windows
 
 
 def hf_block_io(hf, ids):

@@ -1,8 +1,8 @@
 import pytest
 
 from blockscope.errors import BlockscopeError
-from blockscope.text import read_passage, tokenize, windows
-from blockscope.toy import gpt2_tokenizer
+from blockscope.inputs.text import read_passage, tokenize, windows
+from blockscope.model.toy import gpt2_tokenizer
 
 from .conftest import ALICE
 

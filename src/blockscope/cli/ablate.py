@@ -128,9 +128,9 @@ def ablate(
 
     Example: blockscope ablate --text data/alice.txt --max-tokens 469
     """
-    from blockscope import ablate as experiment
-    from blockscope.render import progress_bar
-    from blockscope.stats import Bootstrap
+    from blockscope.experiments import ablate as experiment
+    from blockscope.results.render import progress_bar
+    from blockscope.sweeps.stats import Bootstrap
 
     started = time.perf_counter()
     source = source_of(text=text, dataset=dataset, config=config, split=split, column=column,
@@ -184,7 +184,7 @@ def ablate(
     stem = f"ablate-{spec.slug}-{source.stem}{suffix}"
     extra = {}
     if plot:
-        from blockscope.plots import ablation_plot
+        from blockscope.results.plots import ablation_plot
 
         shown = {"block": "each block skipped", "attn": "each block's attention removed",
                  "mlp": "each block's MLP removed"}[part.value]
@@ -205,7 +205,7 @@ def with_intervals(value: float, lo: float, hi: float, spec: str = "+,.2f") -> s
 def ablation_table(df, title: str):
     import pandas as pd
 
-    from blockscope.render import table
+    from blockscope.results.render import table
 
     ablated = df.iloc[1:]
     styles = {0: "bold"}

@@ -92,12 +92,12 @@ def handled(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from blockscope import parallel
+        from blockscope.inputs import parallel
 
         command = fn.__name__.replace("_", "-")
         if kwargs.get("dataset", "") is None and kwargs.get("text", "") is None and (
                 "prompt" not in kwargs):
-            from blockscope.text import DEFAULT_TEXT
+            from blockscope.inputs.text import DEFAULT_TEXT
 
             kwargs["text"] = DEFAULT_TEXT  # the passage commands' default text
         token = output.RUN.set((command, kwargs))  # for the digest
@@ -171,7 +171,7 @@ def _late_line(line: str):
 def load(spec, allow_pickle: bool, quiet: bool):
     """Load the model, with a spinner on stderr unless quiet: saying first when the default
     model could not be had, and fetching a model blockscope fetches itself on first use."""
-    from blockscope.loading import check_checkpoint, load_model
+    from blockscope.model.loading import check_checkpoint, load_model
 
     if spec.fallback_from and not quiet:
         err.print(styled("note: ", "yellow", f"{spec.fallback_from} cannot be had here (not in "
@@ -194,7 +194,7 @@ def load(spec, allow_pickle: bool, quiet: bool):
 
 def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
     """The prompt from the argument or --text, and how to record where it came from."""
-    from blockscope.text import as_prompt, read_passage
+    from blockscope.inputs.text import as_prompt, read_passage
 
     if prompt is None and text_file is None:
         raise BlockscopeError("give the prompt as an argument or with --text FILE")
@@ -220,7 +220,7 @@ def sizes_of(model) -> dict:
 def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
     """Load the model; `check(sizes)` (which raises BlockscopeError on a bad option) runs
     first on the config alone where one is at hand without loading, then on the model."""
-    from blockscope.loading import peek_sizes
+    from blockscope.model.loading import peek_sizes
 
     if check is not None:
         early = peek_sizes(spec)
@@ -236,8 +236,8 @@ def early_tokens(spec, text: str, prepend_bos: bool):
     """The prompt's tokens `(1, pos)` from the tokenizer and config.json alone, checked
     against the context, before the model loads (a bad prompt is refused in a second, not
     after a load); None when neither is at hand without loading: the load then checks."""
-    from blockscope.loading import peek_sizes, peek_tokenizer
-    from blockscope.text import tokenize
+    from blockscope.inputs.text import tokenize
+    from blockscope.model.loading import peek_sizes, peek_tokenizer
 
     tokenizer = peek_tokenizer(spec)
     if tokenizer is None:
@@ -282,7 +282,7 @@ def engine_record(*frames) -> dict:
 
 def fetch_model(name: str, *, quiet: bool, **given):
     """`fetch.fetch` with one line per step on stderr unless quiet."""
-    from blockscope import fetch
+    from blockscope.model import fetch
 
     if fetch.is_fetched(name) and not given.get("force"):
         return fetch.model_dir(name), False
@@ -299,7 +299,7 @@ def fetch_model(name: str, *, quiet: bool, **given):
 def model_record(spec, model=None) -> dict:
     """The sidecar's `model`: what was asked for and what ran, where it came from (a
     fetched model's provenance), the default it stands in for, and the BOS chosen."""
-    from blockscope.fetch import provenance
+    from blockscope.model.fetch import provenance
 
     record = {"name": spec.name, "source": spec.source, "local": spec.is_local,
               "weights": "processed" if spec.processed else "raw"}

@@ -48,8 +48,8 @@ TextOpt = Annotated[Path | None, typer.Option(
 def source_of(*, text, dataset, config, split, column, revision, n_tokens, n_docs, shuffle,
               seed, prepend_bos, max_tokens):
     """The command's text options as one `corpus.Source` (checked)."""
-    from blockscope.corpus import Source, check
-    from blockscope.text import DEFAULT_TEXT
+    from blockscope.inputs.corpus import Source, check
+    from blockscope.inputs.text import DEFAULT_TEXT
 
     if text is None and dataset is None:
         text = DEFAULT_TEXT
@@ -128,8 +128,8 @@ class CorpusRun:
 
     def meta(self, command: str, **more) -> dict:
         """The sidecar fields every passage command records, plus `more`."""
-        from blockscope.results import sidecar
-        from blockscope.sweep import default_stride
+        from blockscope.results.files import sidecar
+        from blockscope.sweeps.sweep import default_stride
 
         n_ctx = self.model.cfg.n_ctx
         data = ({"text": {"path": str(self.passage.path), "sha256": self.passage.sha256},
@@ -150,12 +150,12 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
                processed: bool = False, bos_token: str | None = None) -> CorpusRun:
     """Validate everything cheap first, then join the process group (under torchrun), load
     the model and read the text or corpus: bad input fails before the model loads."""
-    from blockscope import parallel
     from blockscope.allocator import untune
-    from blockscope.corpus import load_docs, passage_docs
-    from blockscope.loading import spec_for
-    from blockscope.results import check_out_dir
-    from blockscope.text import read_passage
+    from blockscope.inputs import parallel
+    from blockscope.inputs.corpus import load_docs, passage_docs
+    from blockscope.inputs.text import read_passage
+    from blockscope.model.loading import spec_for
+    from blockscope.results.files import check_out_dir
 
     if source.max_tokens is not None and source.max_tokens < 2:
         raise BlockscopeError(f"--max-tokens must be at least 2 (got {source.max_tokens})")
@@ -190,7 +190,7 @@ def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | Non
         err.print(f"note: --max-tokens {source.max_tokens:,}, but {passage.path.name} has "
                   f"{n_text:,} tokens: using all of them", highlight=False, soft_wrap=True)
     if passage is not None:
-        from blockscope.sweep import model_windows
+        from blockscope.sweeps.sweep import model_windows
 
         n_win = len(model_windows(lm, run.tokens, stride))
         err.print(f"{run.describe()}, {n_win} window{'s' * (n_win != 1)} of up to "

@@ -113,10 +113,10 @@ def prune_heads(
     Single-head ablation, Michel et al.'s gradient importance, a pruning curve and one head
     per layer. Example: blockscope prune-heads --text data/alice.txt --max-tokens 469
     """
-    from blockscope import heads as experiment
-    from blockscope import pruning
-    from blockscope.render import progress_bar
-    from blockscope.stats import Bootstrap
+    from blockscope.experiments import heads as experiment
+    from blockscope.experiments import pruning
+    from blockscope.results.render import progress_bar
+    from blockscope.sweeps.stats import Bootstrap
 
     started = time.perf_counter()
     orders = [o.value for o in (order or [Order.gradient])]
@@ -207,7 +207,7 @@ def prune_heads(
     stem = f"prune-heads-{spec.slug}-{source.stem}{'-mean' if method is Method.mean else ''}"
     extra = {}
     if plot:
-        from blockscope.plots import prune_heads_plot
+        from blockscope.results.plots import prune_heads_plot
 
         extra[f"{stem}.png"] = prune_heads_plot(
             per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads, tolerance=tolerance,
@@ -244,7 +244,7 @@ def head_table(ablation, importance, normalised):
 def render(per_head, curves, one, sentences, name: str, cfg) -> None:
     import torch
 
-    from blockscope.render import heat_grid, table
+    from blockscope.results.render import heat_grid, table
 
     grid = torch.full((cfg.n_layers, cfg.n_heads), float("nan"))
     for r in per_head.itertuples():

@@ -72,11 +72,11 @@ def norm_placement(
 
     Example: blockscope norm-placement --train-steps 300
     """
-    from blockscope import norm_placement as experiment
-    from blockscope.norm_stack import StackConfig
-    from blockscope.render import progress_bar
-    from blockscope.results import check_out_dir, sidecar
-    from blockscope.text import read_passage
+    from blockscope.experiments import norm_placement as experiment
+    from blockscope.experiments.norm_stack import StackConfig
+    from blockscope.inputs.text import read_passage
+    from blockscope.results.files import check_out_dir, sidecar
+    from blockscope.results.render import progress_bar
 
     started = time.perf_counter()
     if seeds < 1:
@@ -137,7 +137,7 @@ def norm_placement(
         wall_time_s=round(time.perf_counter() - started, 3))
     extra = {}
     if plot:
-        from blockscope import plots
+        from blockscope.results import plots
 
         extra["norm-placement-init.png"] = plots.norm_init_plot(summary, "gradient norm per "
                                                                 "block at initialization")
@@ -153,12 +153,12 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
     """The --model's config, an encoder text -> (N,) ids, and its vocabulary size."""
     import torch
 
-    from blockscope.loading import load_config
+    from blockscope.model.loading import load_config
 
     with status(f"reading the config of {model}", False):
         config = load_config(model)
     if tokenizer is Tokenizer.bytes:
-        from blockscope.norm_placement import byte_ids
+        from blockscope.experiments.norm_placement import byte_ids
 
         return config, byte_ids, 256
     from transformers import AutoTokenizer
@@ -178,7 +178,7 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
 def render(summary, finals, claims, warmup: int) -> None:
     import pandas as pd
 
-    from blockscope.render import table
+    from blockscope.results.render import table
 
     keys = [(lay, s) for lay in ("pre", "post") for s in (False, True)]
     grid = summary.pivot_table(index="layer", columns=["layout", "scaled_init"],
@@ -203,7 +203,7 @@ def render(summary, finals, claims, warmup: int) -> None:
 
 def claims_table(claims):
     """The article's claims, what was measured, the test, and whether it shows."""
-    from blockscope.render import table
+    from blockscope.results.render import table
 
     shown = claims.assign(shown=claims["shown"].map({True: "yes", False: "NOT shown here"}))
     return table(shown, {c: (c, "s") for c in ("claim", "measured", "test", "shown")},

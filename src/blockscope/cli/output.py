@@ -94,7 +94,7 @@ def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
     and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
     say so when files of an earlier run with the same settings were replaced."""
     from blockscope.cli.console import err, out
-    from blockscope.results import write_outputs
+    from blockscope.results.files import write_outputs
 
     digest = settings_digest()
     files = {digested(f"{stem}{suffix}.csv", digest): df for suffix, df in frames.items()}

@@ -57,8 +57,8 @@ ProbeBosOpt = Annotated[
 
 
 def _setup(prompt, text_file, model, device, dtype, processed, out_dir, bos_token):
-    from blockscope.loading import spec_for
-    from blockscope.results import check_out_dir
+    from blockscope.model.loading import spec_for
+    from blockscope.results.files import check_out_dir
 
     text, source = prompt_text(prompt, text_file)
     spec = spec_for(model, device=device, dtype=dtype.value, processed=processed,
@@ -112,10 +112,10 @@ def resid_norm(
 
     Example: blockscope resid-norm "The capital of France is"
     """
-    from blockscope.render import table
-    from blockscope.resid_norm import resid_norms
-    from blockscope.results import sidecar
-    from blockscope.text import tokenize
+    from blockscope.experiments.resid_norm import resid_norms
+    from blockscope.inputs.text import tokenize
+    from blockscope.results.files import sidecar
+    from blockscope.results.render import table
 
     started = time.perf_counter()
     if all_positions and position != -1:
@@ -134,7 +134,7 @@ def resid_norm(
         return _corpus_norms(source, model, processed=processed, device=device, dtype=dtype,
                              allow_pickle=allow_pickle, out_dir=out_dir, plot=plot, quiet=quiet,
                              started=started, bos_token=bos_token)
-    from blockscope.parallel import world_size
+    from blockscope.inputs.parallel import world_size
 
     if world_size() > 1:
         raise BlockscopeError("under torchrun resid-norm splits a --dataset; a prompt runs "
@@ -143,7 +143,7 @@ def resid_norm(
                                            bos_token)
     early = early_tokens(spec, text_, prepend_bos)
     if early is not None and not all_positions:
-        from blockscope.resid_norm import check_positions
+        from blockscope.experiments.resid_norm import check_positions
 
         check_positions([position], early.shape[-1])
     lm = load(spec, allow_pickle, quiet)
@@ -151,7 +151,7 @@ def resid_norm(
     check_context(tokens, lm)
     positions = list(range(tokens.shape[-1])) if all_positions else [position]
     df = resid_norms(lm, tokens, positions=positions)
-    from blockscope.arch import layout
+    from blockscope.model.arch import layout
 
     lay = layout(lm)
     no_mid = (None if lay.has_mid else f"{lay.family} blocks run attention and MLP in "
@@ -159,7 +159,7 @@ def resid_norm(
     if not quiet:
         title = (f"{spec.label}, {'processed' if processed else 'raw'} weights, "
                  f"{'with' if prepend_bos else 'no'} BOS: residual stream norm")
-        from blockscope.text import visible
+        from blockscope.inputs.text import visible
 
         shown = df.assign(token=df["token"].map(visible))
         out.print(table(shown, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
@@ -180,7 +180,7 @@ def resid_norm(
     stem += "-bos" if prepend_bos else ""
     extra = {}
     if plot:
-        from blockscope.plots import resid_norm_plot
+        from blockscope.results.plots import resid_norm_plot
 
         shown = text_ if len(text_) <= 40 else text_[:37] + "..."
         extra[f"{stem}.png"] = resid_norm_plot(
@@ -193,10 +193,10 @@ def resid_norm(
 def _corpus_norms(source, model, *, processed, device, dtype, allow_pickle, out_dir, plot,
                   quiet, started, bos_token) -> None:
     """resid-norm --dataset: the norm's distribution over every token of the corpus."""
-    from blockscope.arch import layout
     from blockscope.cli.data import corpus_run
-    from blockscope.render import table
-    from blockscope.resid_norm import norm_distribution
+    from blockscope.experiments.resid_norm import norm_distribution
+    from blockscope.model.arch import layout
+    from blockscope.results.render import table
 
     run = corpus_run(source, model, device=device, dtype=dtype.value, stride=None,
                      out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
@@ -224,7 +224,7 @@ def _corpus_norms(source, model, *, processed, device, dtype, allow_pickle, out_
             f"{'-bos' if source.prepend_bos else ''}-{source.stem}")
     extra = {}
     if plot:
-        from blockscope.plots import resid_norm_band_plot
+        from blockscope.results.plots import resid_norm_band_plot
 
         extra[f"{stem}.png"] = resid_norm_band_plot(
             df, f"{spec.label} on {run.name}: residual stream norm, median and 10-90th "
@@ -252,10 +252,10 @@ def shapes(
 
     Example: blockscope shapes "The capital of France is" --block 0
     """
-    from blockscope.render import table
-    from blockscope.results import sidecar
-    from blockscope.shapes import block_shapes
-    from blockscope.text import tokenize
+    from blockscope.experiments.shapes import block_shapes
+    from blockscope.inputs.text import tokenize
+    from blockscope.results.files import sidecar
+    from blockscope.results.render import table
 
     started = time.perf_counter()
     text_, source, spec, out_path = _setup(prompt, text, model, device, dtype, False, out_dir,

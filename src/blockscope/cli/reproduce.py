@@ -74,10 +74,10 @@ def reproduce(
     Without the model's weights (no hub), what needs none is still measured and the rest is
     listed with the command to run. Example: blockscope reproduce --model gpt2
     """
-    from blockscope import reproduce as rp
-    from blockscope import reproduce_sections as sections
-    from blockscope.loading import DEFAULT_MODEL, load_model, spec_for
-    from blockscope.results import check_out_dir, sidecar
+    from blockscope.experiments import reproduce as rp
+    from blockscope.experiments import reproduce_sections as sections
+    from blockscope.model.loading import DEFAULT_MODEL, load_model, spec_for
+    from blockscope.results.files import check_out_dir, sidecar
 
     started = time.perf_counter()
     settings, figures = rp.load_reference(reference)
@@ -145,7 +145,7 @@ def reproduce(
                       sections.claims_section(model_claims, other)
                       + sections.roles_section(settings, roles, name)
                       + sections.norm_section(settings, claims))
-    from blockscope.fetch import provenance
+    from blockscope.model.fetch import provenance
 
     random_weights = bool(spec.is_local and (provenance(spec.source) or {}).get(
         "random_weights"))
@@ -162,7 +162,7 @@ def reproduce(
                              "are compared below"), highlight=False, soft_wrap=True)
         render(table, best, headline, other)
         if model_claims is not None and len(model_claims):
-            from blockscope.render import table as rich_table
+            from blockscope.results.render import table as rich_table
 
             shown = model_claims.assign(shown=model_claims["shown"].map(
                 {True: "yes", False: "NOT shown"}))
@@ -170,7 +170,7 @@ def reproduce(
                                          model_claims.attrs["headers"].items()},
                                  title="the article's claims"))
         if roles is not None:
-            from blockscope.render import table as rich_table
+            from blockscope.results.render import table as rich_table
 
             out.print(rich_table(roles, {"role": ("role", "s"), "head": ("head", "s"),
                                          "score": ("score", ".3f"), "rank": ("rank", ".0f"),
@@ -196,7 +196,7 @@ def reproduce(
 def stages(settings: dict, with_model: bool, norm: bool, quiet: bool):
     """The run's experiments, said one line each with a bar: those with the model, then
     norm-placement's training."""
-    from blockscope.render import Stages
+    from blockscope.results.render import Stages
 
     n = sum(k in settings for k in ("ablate", "resid_norm", "prune_heads", "head_roles")
             ) if with_model else 0
@@ -204,7 +204,7 @@ def stages(settings: dict, with_model: bool, norm: bool, quiet: bool):
 
 
 def plots(frames: dict, name: str, stem: str) -> dict:
-    from blockscope.plots import (
+    from blockscope.results.plots import (
         ablation_plot,
         norm_init_plot,
         norm_train_plot,
@@ -283,7 +283,7 @@ def measured_header(other: str | None) -> str:
 
 
 def render(table, best, headline, other=None) -> None:
-    from blockscope.render import table as rich_table
+    from blockscope.results.render import table as rich_table
 
     styles = {i: ("green" if s == "matches" else "red" if s == "differs" else "dim")
               for i, s in enumerate(table["status"])}

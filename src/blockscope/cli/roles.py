@@ -73,7 +73,7 @@ def head_roles(
     """
     import pandas as pd
 
-    from blockscope import head_roles as experiment
+    from blockscope.experiments import head_roles as experiment
 
     started = time.perf_counter()
     if n_random < 2:
@@ -87,7 +87,7 @@ def head_roles(
                                   f"({top}), got {n_random}")
 
     from blockscope.cli.data import corpus_run
-    from blockscope.corpus import Source
+    from blockscope.inputs.corpus import Source
 
     run = corpus_run(Source(text=text, max_tokens=max_tokens or 200), model, device=device,
                      dtype=dtype.value, stride=None, out_dir=out_dir,
@@ -124,7 +124,7 @@ def head_roles(
     stem = f"head-roles-{spec.slug}-{run.passage.path.stem}"
     extra = {}
     if plot:
-        from blockscope.plots import head_roles_plot
+        from blockscope.results.plots import head_roles_plot
 
         extra[f"{stem}.png"] = head_roles_plot(df, experiment.ROLES, lm.cfg.n_layers,
                                                lm.cfg.n_heads, f"{spec.label}: head roles")
@@ -198,10 +198,10 @@ def attention(
 
     Example: blockscope attention "The capital of France is" --layer 5 --head 1,5
     """
-    from blockscope import attention as experiment
-    from blockscope.loading import spec_for
-    from blockscope.results import check_out_dir
-    from blockscope.text import tokenize
+    from blockscope.experiments import attention as experiment
+    from blockscope.inputs.text import tokenize
+    from blockscope.model.loading import spec_for
+    from blockscope.results.files import check_out_dir
 
     started = time.perf_counter()
     layers = comma_list(layer, "layer", int) or []
@@ -227,7 +227,7 @@ def attention(
             "heads": heads, "dtype": spec.dtype, "device": spec.device,
             "read_at": "blocks.<layer>.attn.hook_pattern (each query head's own pattern)",
             "wall_time_s": round(time.perf_counter() - started, 3)}
-    from blockscope.results import sidecar
+    from blockscope.results.files import sidecar
 
     meta = sidecar(**meta)
     digest = hashlib.sha256(json.dumps([tokens[0].tolist(), layers, heads],
@@ -235,7 +235,7 @@ def attention(
     stem = f"attention-{spec.slug}-{digest.hexdigest()[:8]}"
     extra = {}
     if plot:
-        from blockscope.plots import attention_plot
+        from blockscope.results.plots import attention_plot
 
         extra[f"{stem}.png"] = attention_plot(df, f"{spec.label}: attention on {prompt_str!r}"
                                               [:120])

@@ -49,10 +49,10 @@ def params(
     """
     import pandas as pd
 
-    from blockscope.loading import load_config
-    from blockscope.params import parameter_counts
-    from blockscope.render import table
-    from blockscope.results import check_out_dir, sidecar
+    from blockscope.experiments.params import parameter_counts
+    from blockscope.model.loading import load_config
+    from blockscope.results.files import check_out_dir, sidecar
+    from blockscope.results.render import table
 
     started = time.perf_counter()
     names = model or ["gpt2"]
@@ -78,7 +78,7 @@ def params(
     stem = f"params-{'-'.join(short.values())}{f'-{n_heads}heads' if n_heads else ''}"
     extra = {}
     if plot:  # a checkpoint's folder name, not its whole path, under its bar
-        from blockscope.plots import params_plot
+        from blockscope.results.plots import params_plot
 
         extra[f"{stem}.png"] = params_plot(df.assign(model=df["model"].map(short)),
                                            "where the parameters live: "
@@ -102,9 +102,9 @@ def layernorm(
 
     Example: blockscope layernorm 2 4 6 8   (options first, then -- before negatives: -- -1 2 3)
     """
-    from blockscope.layernorm import layer_norm_steps
-    from blockscope.render import fmt
-    from blockscope.results import check_out_dir, sidecar
+    from blockscope.experiments.layernorm import layer_norm_steps
+    from blockscope.results.files import check_out_dir, sidecar
+    from blockscope.results.render import fmt
 
     out_path = check_out_dir(out_dir)
     df = layer_norm_steps(values, gain=comma_list(gain, "gain"), bias=comma_list(bias, "bias"),

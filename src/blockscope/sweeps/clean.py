@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from blockscope import unembed
+from blockscope.inputs.text import Window
 from blockscope.interventions import applied
-from blockscope.sweep import nll_from_logits, nll_of, per_position
-from blockscope.text import Window
+from blockscope.sweeps import unembed
+from blockscope.sweeps.sweep import nll_from_logits, nll_of, per_position
 
 
 @dataclass
@@ -132,7 +132,7 @@ REF_POSITIONS = 16  # the clean pass's last scored positions also scored from HF
 
 
 def _softcap(model) -> float | None:
-    from blockscope.arch import layout
+    from blockscope.model.arch import layout
 
     return layout(model).softcap
 

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.norm_stack import LAYOUTS, WEIGHTS, Stack, StackConfig, init_weights
+from blockscope.experiments.norm_stack import LAYOUTS, WEIGHTS, Stack, StackConfig, init_weights
 
 
 def byte_ids(text: str) -> torch.Tensor:

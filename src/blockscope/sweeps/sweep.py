@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from blockscope.inputs.text import Window, windows
 from blockscope.interventions import Intervention, applied, hooks
-from blockscope.text import Window, windows
 
 Progress = Callable[..., None]  # cb() advances one step; cb(total=n) sets the total
 

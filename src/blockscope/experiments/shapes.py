@@ -39,7 +39,7 @@ def points(model) -> list[tuple[str, str, str, str]]:
     """POINTS as this model's layout has them: a point it lacks is left out (a parallel block
     has no mid residual, OLMo 2 no pre-sublayer norms), an MoE's expert hidden states are
     not one tensor (left out), and grouped-query K/V have their own head count."""
-    from blockscope.arch import block_parts, layout
+    from blockscope.model.arch import block_parts, layout
 
     lay = layout(model)
     moe = type(model.blocks[0].mlp).__name__ == "MoEBridge"
@@ -75,7 +75,7 @@ def _part_notes(parts: dict) -> dict:
 
 def block_shapes(model, tokens: torch.Tensor, *, block: int = 0) -> pd.DataFrame:
     """One row per tensor: its hook, shape, axis names, the shape the config predicts, a note."""
-    from blockscope.arch import layout
+    from blockscope.model.arch import layout
 
     cfg = model.cfg
     if not 0 <= block < cfg.n_layers:

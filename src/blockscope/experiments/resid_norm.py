@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.arch import layout, stream_points
 from blockscope.errors import BlockscopeError
-from blockscope.text import token_text
+from blockscope.inputs.text import token_text
+from blockscope.model.arch import layout, stream_points
 
 
 def check_positions(positions: Sequence[int], n_pos: int) -> None:
@@ -68,9 +68,9 @@ def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFra
     token once, with the context those windows give it."""
     import numpy as np
 
-    from blockscope.clean import drop_patterns
-    from blockscope.corpus import as_docs
-    from blockscope.sweep import model_windows
+    from blockscope.inputs.corpus import as_docs
+    from blockscope.sweeps.clean import drop_patterns
+    from blockscope.sweeps.sweep import model_windows
 
     docs = as_docs(tokens)
     points = stream_points(layout(model), model.cfg.n_layers)

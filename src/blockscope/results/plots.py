@@ -38,7 +38,7 @@ def _grid_ticks(ax, n_rows: int, n_cols: int) -> None:
 def _drawable(text: str) -> str:
     """A token's text in the plot font, whitespace visible: the tables' '\u2420' is not in
     it, so a middle dot stands for a space."""
-    from blockscope.text import visible
+    from blockscope.inputs.text import visible
 
     return visible(text).replace("\u2420", "\u00b7")
 

@@ -15,14 +15,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from blockscope import arch, clean, engine, replay, stats, steps
 from blockscope.allocator import release
-from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
+from blockscope.inputs.corpus import as_docs
+from blockscope.inputs.parallel import total
+from blockscope.inputs.text import Window
 from blockscope.interventions import RemoveWrite, ScaleHeads, SkipBlock, hooks
-from blockscope.parallel import total
-from blockscope.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
-from blockscope.text import Window
+from blockscope.model import arch
+from blockscope.sweeps import clean, engine, replay, stats, steps
+from blockscope.sweeps.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
 
 ENGINES = ("cached", "naive")
 
@@ -269,7 +270,7 @@ def check_variants(model, ids, w: Window, c: clean.Clean, nlls: list[torch.Tenso
     the larger of 1 nat and the largest NLL), or `ReplayMismatch`: an entry that writes the
     wrong thing never gives a number, whatever the identities it relies on. Once per kind
     and clean pass `c` of `w` (a pruning curve's steps share the verdicts)."""
-    from blockscope.selfcheck import tolerance
+    from blockscope.sweeps.selfcheck import tolerance
 
     firsts: dict[str, int] = {}
     for i, s in enumerate(starts):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from blockscope.sweep import nll_from_logits
-from blockscope.text import Window
+from blockscope.inputs.text import Window
+from blockscope.sweeps.sweep import nll_from_logits
 
 
 class ChunkedNLL(torch.autograd.Function):

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from blockscope import replay, steps, unembed
-from blockscope.arch import hf_config
-from blockscope.clean import Clean
-from blockscope.steps import ReplayMismatch
-from blockscope.text import Window
+from blockscope.inputs.text import Window
+from blockscope.model.arch import hf_config
+from blockscope.sweeps import replay, steps, unembed
+from blockscope.sweeps.clean import Clean
+from blockscope.sweeps.steps import ReplayMismatch
 
 REL = 1e-5  # float32; half precision gets its own rounding scale (see tolerance)
 
@@ -164,7 +164,7 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     of the side to use (the plain replay's if it agreed, else the hooked model's), so the
     caller need not compute them again; else None."""
     from blockscope.interventions import applied, mask_heads
-    from blockscope.sweep import nll_from_logits
+    from blockscope.sweeps.sweep import nll_from_logits
 
     hooked = tuple(name for name, point in model.hook_dict.items() if point.has_hooks())
     key = ("gradient", hooked, bool((mask == 0).any()))
@@ -216,7 +216,7 @@ def _float64_pass(model, clean: Clean, mask: torch.Tensor) -> list[torch.Tensor]
     """[NLL, gradient] of the hooked model with heads scaled by `mask`, on `clean`'s window,
     with the HF model's weights and buffers in float64 for the pass (cast back after)."""
     from blockscope.interventions import applied, mask_heads
-    from blockscope.sweep import nll_from_logits
+    from blockscope.sweeps.sweep import nll_from_logits
 
     hf = model.original_model  # the bridge runs the HF modules' own weights
     dtype = next(hf.parameters()).dtype

@@ -19,7 +19,7 @@ import math
 import pandas as pd
 import torch
 
-from blockscope.clean import Clean
+from blockscope.sweeps.clean import Clean
 
 
 class BlockSimilarity:
@@ -52,7 +52,7 @@ class BlockSimilarity:
 
     def joined(self, comm) -> BlockSimilarity:
         """The sums of every process (`parallel.Comm`) in one."""
-        from blockscope.parallel import total
+        from blockscope.inputs.parallel import total
 
         parts = total(comm, {"cos": self.cos_sum, "angle": self.angle_sum,
                              "count": torch.tensor(float(self.count), dtype=torch.float64)})

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 import torch
 
-from blockscope import replay, replay_rotary
-from blockscope.arch import family
-from blockscope.clean import Clean
+from blockscope.model.arch import family
+from blockscope.sweeps import replay, replay_rotary
+from blockscope.sweeps.clean import Clean
 
 
 class ReplayMismatch(Exception):

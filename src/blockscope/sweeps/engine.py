@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from blockscope import replay, steps, unembed
-from blockscope.clean import Clean, clean_pass, kept_names
+from blockscope.inputs.text import Window
 from blockscope.interventions import Hook, applied
-from blockscope.text import Window
+from blockscope.sweeps import replay, steps, unembed
+from blockscope.sweeps.clean import Clean, clean_pass, kept_names
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
 # attention scores + pattern + softmax scratch (3 n_heads T), MLP hidden x2, q/k/v/z.
@@ -117,7 +117,7 @@ def engine_sweep(model, tokens: torch.Tensor, variants: Sequence[Start], *,
                  wins: Sequence[Window], **kw) -> pd.DataFrame:
     """Baseline row, then one row per variant (`engine_nlls` as a table); `attrs["engine"]`
     says how it ran."""
-    from blockscope import stats
+    from blockscope.sweeps import stats
 
     nlls, how = engine_nlls(model, tokens, variants, wins=wins, **kw)
     labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
@@ -143,7 +143,8 @@ def engine_nlls(
 
     Each window's clean pass (kept hook points: `names`) is checked by `selfcheck.verify`
     first (`ReplayMismatch` if the replay does not reproduce it)."""
-    from blockscope import arch, selfcheck
+    from blockscope.model import arch
+    from blockscope.sweeps import selfcheck
 
     lay = arch.layout(model)
     if progress:

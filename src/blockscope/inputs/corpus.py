@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.parallel import Comm
+from blockscope.inputs.parallel import Comm
 
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
                  ".parquet": "parquet"}
@@ -173,7 +173,7 @@ def _open(source: Source):
 
 def passage_docs(passage, tokenizer, source: Source, comm: Comm | None = None) -> Docs:
     """One read passage (`text.Passage`) as a single-document `Docs` (held by rank 0)."""
-    from blockscope.text import tokenize
+    from blockscope.inputs.text import tokenize
 
     comm = comm or Comm()
     ids = tokenize(tokenizer, passage.text, prepend_bos=source.prepend_bos,
@@ -203,7 +203,7 @@ def load_docs(source: Source, tokenizer, comm: Comm | None = None) -> Docs:
     comm = comm or Comm()
     check(source)
     if source.text is not None:
-        from blockscope.text import read_passage
+        from blockscope.inputs.text import read_passage
 
         return passage_docs(read_passage(source.text), tokenizer, source, comm)
     ds, record = _open(source)

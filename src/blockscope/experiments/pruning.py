@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from blockscope import plan
-from blockscope.corpus import as_docs
 from blockscope.errors import BlockscopeError
-from blockscope.heads import gradient_pass, prepare_fill, single_head_ablation
+from blockscope.experiments.heads import gradient_pass, prepare_fill, single_head_ablation
+from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import head_edits
-from blockscope.stats import Bootstrap
-from blockscope.sweep import Progress, Variant
+from blockscope.sweeps import plan
+from blockscope.sweeps.stats import Bootstrap
+from blockscope.sweeps.sweep import Progress, Variant
 
 ORDERS = ("gradient", "ablation", "random")
 # What each pruning step records of its run (the intervals are paired with step 0).

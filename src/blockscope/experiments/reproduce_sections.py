@@ -11,17 +11,17 @@ from dataclasses import replace
 
 import pandas as pd
 
-from blockscope.reproduce import no_stage
+from blockscope.experiments.reproduce import no_stage
 
 
 def norm_measures(settings: dict, stage=None) -> tuple[pd.DataFrame, dict]:
     """`norm-placement` with the reference's [norm_placement] settings: (each claim beside
     what was measured, {"norm-init": per-layer summary, "norm-train": training rows});
     `stage` as `reproduce.model_measures` takes it."""
-    from blockscope import norm_placement as npl
-    from blockscope.loading import load_config
-    from blockscope.norm_stack import StackConfig
-    from blockscope.text import read_passage
+    from blockscope.experiments import norm_placement as npl
+    from blockscope.experiments.norm_stack import StackConfig
+    from blockscope.inputs.text import read_passage
+    from blockscope.model.loading import load_config
 
     s = settings["norm_placement"]
     tc = npl.TrainConfig(steps=s.get("train_steps", 300), warmup_steps=s.get("warmup_steps", 100),
@@ -49,8 +49,8 @@ def head_role_checks(model, settings: dict) -> pd.DataFrame:
     """For each known head in [head_roles] `known`: its score, its rank in that role, and
     whether it is in the role's top 5 here (`status`: found / not in the top 5 / not in
     this model)."""
-    from blockscope import head_roles as hr
-    from blockscope.text import read_passage, tokenize
+    from blockscope.experiments import head_roles as hr
+    from blockscope.inputs.text import read_passage, tokenize
 
     s = settings["head_roles"]
     text = read_passage(s.get("text", "data/alice.txt")).text

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.similarity import spearman
+from blockscope.experiments.similarity import spearman
 
 ROLES = ("previous_token", "duplicate_token", "induction")
 

@@ -1,0 +1,8 @@
+"""The model: what --model names (spec), its loading (the only module that reaches the hub),
+the offline model blockscope fetches itself (fetch), and each family's record (arch)."""
+
+from blockscope.model.arch import REGISTRY, Family, Layout, config_get, family, layout
+from blockscope.model.loading import load_model, spec_for
+
+__all__ = ["REGISTRY", "Family", "Layout", "config_get", "family", "layout", "load_model",
+           "spec_for"]

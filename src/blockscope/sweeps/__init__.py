@@ -1,0 +1,9 @@
+"""Sweeps of variants: `prepare` the clean passes once, `run` or `scores` the variants (the
+naive loop, or the cached engine from where each departs, self-checked), and the head
+mask's `gradient`. The engine's parts (clean, engine, steps, replay, replay_rotary,
+selfcheck, unembed) are private to this package."""
+
+from blockscope.sweeps.plan import Prepared, Scores, prepare, run, scores
+from blockscope.sweeps.sweep import Variant
+
+__all__ = ["Prepared", "Scores", "Variant", "prepare", "run", "scores"]
