@@ -188,8 +188,8 @@ def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
 def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch):
     """If the plain replay applied the head mask wrongly (here: not at all), the self-check
     against the hooked model catches it: the bridge's gradient is used, and that is said."""
-    from blockscope.experiments.heads import gradient_pass
     from blockscope.sweeps import plan, replay
+    from blockscope.sweeps.gradient import gradient_pass
 
     keep = torch.ones(3, 4)
     keep[2, 1] = 0
@@ -207,8 +207,8 @@ def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monke
     self-check holds that path too, even after a check at a mask that removes no head (as in
     prune-heads: the importance of the whole model, then the pruning steps): a replay that
     left out the wrong head is caught, and the bridge's gradient is used."""
-    from blockscope.experiments.heads import gradient_pass
     from blockscope.sweeps import plan, replay
+    from blockscope.sweeps.gradient import gradient_pass
 
     prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
     whole = gradient_pass(tiny, ids, prepared=prepared)
@@ -228,8 +228,8 @@ def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
     """The self-check's own plain pass is the result: with a check at the whole model and one
     at the first mask that removes a head, three gradient passes run the plain replay three
     times a window, not five, and give what they gave when the check's pass was run again."""
-    from blockscope.experiments.heads import gradient_pass
     from blockscope.sweeps import plan, replay
+    from blockscope.sweeps.gradient import gradient_pass
 
     prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
     keep = torch.ones(3, 4)

@@ -250,8 +250,8 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
     leaves out): some of a layer's; a whole layer's, and all but one head of another (a
     grouped-query K/V head no kept head reads). Elsewhere it runs through the bridge, and
     nothing falls back. A removed head's importance is 0 either way."""
-    from blockscope.experiments.heads import gradient_pass
     from blockscope.sweeps import plan
+    from blockscope.sweeps.gradient import gradient_pass
 
     family, model, _, ids = fam
     prepared = plan.prepare(model, ids, engine_name="cached", heads=True)

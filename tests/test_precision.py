@@ -52,8 +52,8 @@ def test_engines_agree_far_inside_the_margin_at_a_large_vocabulary(big_vocab):
 def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypatch):
     """With the first check made stricter than float32 can meet (as a 30-block model's
     gradients are, at 1e-5), a correct replay is judged against a float64 pass and kept."""
-    from blockscope.experiments.heads import gradient_pass
     from blockscope.sweeps import plan, selfcheck
+    from blockscope.sweeps.gradient import gradient_pass
 
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(selfcheck, "REL", 1e-13)
@@ -70,8 +70,8 @@ def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypa
 
 
 def test_a_wrong_replay_still_falls_back_under_the_float64_judge(tiny, monkeypatch):
-    from blockscope.experiments.heads import gradient_pass
     from blockscope.sweeps import plan, replay, selfcheck
+    from blockscope.sweeps.gradient import gradient_pass
 
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(selfcheck, "REL", 1e-13)

@@ -12,10 +12,11 @@ import pandas as pd
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.experiments.heads import gradient_pass, prepare_fill, single_head_ablation
+from blockscope.experiments.heads import prepare_fill, single_head_ablation
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import head_edits
 from blockscope.sweeps import plan
+from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 

@@ -55,7 +55,7 @@ class Start:
     #   (a layer's attention write = sum_h z_h W_O[h] + b_O) or "halves" (a parallel
     #   block's output = input + attention write + MLP write)
     kind: str = "hooked"  # the entry's form ("block", "half", "mlp", "attn", "heads",
-    #   "hooked"): plan.check_variants holds the first variant of each to the hooked model
+    #   "hooked"): selfcheck.check_variants holds the first variant of each to the hooked model
 
 
 def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],

@@ -19,10 +19,9 @@ from blockscope.allocator import release
 from blockscope.errors import BlockscopeError
 from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
-from blockscope.inputs.text import Window
 from blockscope.interventions import RemoveWrite, ScaleHeads, SkipBlock, hooks
 from blockscope.model import arch
-from blockscope.sweeps import clean, engine, replay, stats, steps
+from blockscope.sweeps import clean, engine, replay, selfcheck, stats, steps
 from blockscope.sweeps.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
 
 ENGINES = ("cached", "naive")
@@ -247,7 +246,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
         nlls, how = engine.engine_nlls(model, ids, starts, wins=wins, cleans=cleans,
                                        batch_size=batch_size, progress=progress)
         if check:
-            check_variants(model, ids, wins[0], cleans[0], nlls, variants, starts)
+            selfcheck.check_variants(model, ids, wins[0], cleans[0], nlls, variants, starts)
         return nlls, how
     except steps.ReplayMismatch as exc:
         # the baseline too: the clean passes scored it through the replayed unembedding
@@ -255,46 +254,6 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool,
                 {"replay": "naive", "batch_size": 1,
                  "fallback": f"the cached engine's self-check failed: {exc}; every variant "
                  "was scored by the naive loop"})
-
-
-CHECKED_TOKENS = 64  # the first window's first targets on which each entry kind is held
-
-
-def check_variants(model, ids, w: Window, c: clean.Clean, nlls: list[torch.Tensor], variants,
-                   starts) -> None:
-    """The first variant of each entry kind (block, half, heads ...), as the engine scored
-    it (`nlls`: baseline first, each over every window, window `w` = the first, first), held
-    to the hooked model (its edits as hooks: the naive loop's forward) on the first
-    CHECKED_TOKENS targets of `w` (a causal model's NLL there needs only that prefix). They
-    must agree to a few units of float rounding (8 x `selfcheck.tolerance`, relative to
-    the larger of 1 nat and the largest NLL), or `ReplayMismatch`: an entry that writes the
-    wrong thing never gives a number, whatever the identities it relies on. Once per kind
-    and clean pass `c` of `w` (a pruning curve's steps share the verdicts)."""
-    from blockscope.sweeps.selfcheck import tolerance
-
-    firsts: dict[str, int] = {}
-    for i, s in enumerate(starts):
-        verdict = c.checked.get(("variant", s.kind))
-        if isinstance(verdict, steps.ReplayMismatch):
-            raise verdict
-        if verdict is None:
-            firsts.setdefault(s.kind, i)
-    if not firsts:
-        return
-    n = min(CHECKED_TOKENS, w.end - w.first_target)
-    prefix = Window(w.begin, w.first_target + n, w.first_target)
-    want = naive_nlls(model, ids, [variants[i] for i in firsts.values()], wins=[prefix],
-                      baseline_nll=nlls[0][:n])
-    limit = 8 * tolerance(model.cfg.dtype)
-    for (kind, i), reference in zip(firsts.items(), want[1:], strict=True):
-        got = nlls[i + 1][:n]
-        err = float((got - reference).abs().max() / reference.abs().max().clamp_min(1.0))
-        c.checked[("variant", kind)] = True
-        if not err <= limit:
-            c.checked[("variant", kind)] = steps.ReplayMismatch(
-                f"its {kind} entry ({variants[i].label}) differs from the hooked model by "
-                f"{err:.1e} relative on the first {n} tokens (allowed: {limit:.0e})")
-            raise c.checked[("variant", kind)]
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:

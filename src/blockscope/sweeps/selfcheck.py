@@ -14,7 +14,7 @@ max abs value), from every entry kind the sweep uses:
 
 A failure raises `ReplayMismatch`, and `plan.scores` scores that document with the naive
 loop instead, saying so. Never a silent wrong number. The identities say the replay is
-right; `plan.check_variants` then holds what each entry writes: the first variant of each
+right; `check_variants` (below) then holds what each entry writes: the first variant of each
 kind, as the engine scored it, against the hooked model on the first window's first tokens.
 """
 
@@ -27,6 +27,7 @@ from blockscope.model.arch import hf_config
 from blockscope.sweeps import replay, steps, unembed
 from blockscope.sweeps.clean import Clean
 from blockscope.sweeps.steps import ReplayMismatch
+from blockscope.sweeps.sweep import naive_nlls
 
 REL = 1e-5  # float32; half precision gets its own rounding scale (see tolerance)
 
@@ -231,3 +232,41 @@ def _float64_pass(model, clean: Clean, mask: torch.Tensor) -> list[torch.Tensor]
     finally:
         hf.to(dtype)  # float32 -> float64 -> float32 is exact
     return [nll.detach(), grad]
+
+
+CHECKED_TOKENS = 64  # the first window's first targets on which each entry kind is held
+
+
+def check_variants(model, ids, w: Window, c: Clean, nlls: list[torch.Tensor], variants,
+                   starts) -> None:
+    """The first variant of each entry kind (block, half, heads ...), as the engine scored
+    it (`nlls`: baseline first, each over every window, window `w` = the first, first), held
+    to the hooked model (its edits as hooks: the naive loop's forward) on the first
+    CHECKED_TOKENS targets of `w` (a causal model's NLL there needs only that prefix). They
+    must agree to a few units of float rounding (8 x `tolerance`, relative to
+    the larger of 1 nat and the largest NLL), or `ReplayMismatch`: an entry that writes the
+    wrong thing never gives a number, whatever the identities it relies on. Once per kind
+    and clean pass `c` of `w` (a pruning curve's steps share the verdicts)."""
+    firsts: dict[str, int] = {}
+    for i, s in enumerate(starts):
+        verdict = c.checked.get(("variant", s.kind))
+        if isinstance(verdict, ReplayMismatch):
+            raise verdict
+        if verdict is None:
+            firsts.setdefault(s.kind, i)
+    if not firsts:
+        return
+    n = min(CHECKED_TOKENS, w.end - w.first_target)
+    prefix = Window(w.begin, w.first_target + n, w.first_target)
+    want = naive_nlls(model, ids, [variants[i] for i in firsts.values()], wins=[prefix],
+                      baseline_nll=nlls[0][:n])
+    limit = 8 * tolerance(model.cfg.dtype)
+    for (kind, i), reference in zip(firsts.items(), want[1:], strict=True):
+        got = nlls[i + 1][:n]
+        err = float((got - reference).abs().max() / reference.abs().max().clamp_min(1.0))
+        c.checked[("variant", kind)] = True
+        if not err <= limit:
+            c.checked[("variant", kind)] = ReplayMismatch(
+                f"its {kind} entry ({variants[i].label}) differs from the hooked model by "
+                f"{err:.1e} relative on the first {n} tokens (allowed: {limit:.0e})")
+            raise c.checked[("variant", kind)]
