@@ -7,6 +7,8 @@ the stream; a head removed by zeroing (or mean-filling) its slice of the output 
 input. Every experiment, both engines, must give the reference's numbers.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -281,3 +283,34 @@ def test_the_registry_is_the_one_place_that_names_a_model_type():
     offenders = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "arch.py"
                  for i, line in enumerate(p.read_text().splitlines(), 1) if decides.search(line)]
     assert not offenders, offenders
+
+
+def test_logit_lens_and_attribution_on_every_family(fam):
+    """The lens at the last point is the model's own output, on every family; the direct
+    logit attribution adds up to HF's logit, or is refused in one line where a family's
+    writes do not sum to its stream."""
+    from blockscope.errors import BlockscopeError
+    from blockscope.experiments.logit_lens import attribution, lens
+
+    family, model, hf, ids = fam
+    ids = ids[:, :12]
+    pos = ids.shape[1] - 1
+    df = lens(model, ids, positions=[pos], k=1)
+    with torch.no_grad():
+        logits = hf(ids).logits[0, pos].double()
+    t = int(logits.argmax())
+    assert df["target_id"].iloc[-1] == t and df["target_rank"].iloc[-1] == 1
+    try:
+        attrs = attribution(model, ids, position=pos, target=t)
+    except BlockscopeError as exc:
+        assert family in REFUSED_ATTRIBUTION, (family, str(exc))
+        assert "\n" not in str(exc)
+        return
+    assert family not in REFUSED_ATTRIBUTION
+    total = attrs[attrs["level"] == "block"]["contribution"].sum()
+    cap = attrs.attrs["softcap"]  # attributed before the softcap; HF's logit is after it
+    total = total if cap is None else cap * math.tanh(total / cap)
+    assert total == pytest.approx(float(logits[t]), abs=1e-4 * max(1.0, abs(float(logits[t]))))
+
+
+REFUSED_ATTRIBUTION: set[str] = set()  # none today: every family's writes sum to its stream
