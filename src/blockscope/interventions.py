@@ -6,7 +6,8 @@ An intervention is a small record (pyvene's intervention classes) at one layer, 
 - `SkipBlock`: the block's output := its input (+ a clean-mean fill);
 - `RemoveWrite`: one half's write to the stream (`hook_attn_out`/`hook_mlp_out`) := zeros,
   or a clean mean;
-- `ScaleHeads`: each head's z := keep * z + (1 - keep) * fill (keep 0 removes a head).
+- `ScaleHeads`: each head's z := keep * z + (1 - keep) * fill (keep 0 removes a head);
+- `ScaleNeurons`: chosen MLP neurons' activations := 0, or their clean means.
 
 Every engine uses `apply`: the naive loop runs it as TransformerLens hooks (`hooks`), the
 cached engine (`plan.start`) applies it to the cached clean activation and carries the
@@ -124,7 +125,33 @@ class ScaleHeads:
         return [(f"blocks.{self.layer}.attn.hook_z", lambda z, hook=None: self.apply(z))]
 
 
-Intervention = SkipBlock | RemoveWrite | ScaleHeads
+@dataclass(frozen=True, eq=False)
+class ScaleNeurons:
+    """MLP neurons `neurons` of layer `layer` removed: their activation (what the MLP's
+    output projection reads: after the nonlinearity, or act(gate) x up where gated) := 0,
+    or `fill` (k,), their clean means."""
+
+    layer: int
+    neurons: torch.Tensor  # (k,) indices into d_mlp
+    fill: torch.Tensor | None = None
+    component = "neurons"
+
+    @property
+    def point(self) -> str:
+        return f"blocks.{self.layer}.mlp.out.hook_in"
+
+    def apply(self, act: torch.Tensor) -> torch.Tensor:
+        """act' for the MLP's hidden activation `(..., d_mlp)`."""
+        out = act.clone()
+        idx = self.neurons.to(act.device)
+        out[..., idx] = 0 if self.fill is None else self.fill.to(act.dtype).to(act.device)
+        return out
+
+    def hooks(self) -> list[Hook]:
+        return [(self.point, lambda act, hook=None: self.apply(act))]
+
+
+Intervention = SkipBlock | RemoveWrite | ScaleHeads | ScaleNeurons
 
 
 def intervention(component: str, layer: int, fill: torch.Tensor | None = None,

@@ -10,6 +10,7 @@ from blockscope.cli import (  # noqa: F401  (registers the commands)
     ablate,
     heads,
     lens,
+    memory,
     norm,
     probes,
     reproduce,

@@ -154,17 +154,24 @@ def _frozen_readout(model, cache, pos: int, target: int, contrast: int | None):
     """(direction (d_model,), constant): the final norm with its scale frozen and the
     unembedding, read along target (minus contrast): logit = centred(x) . direction + const."""
     ln = model.ln_final
-    scale = cache["ln_final.hook_scale"][0, pos].double()  # (1,)
-    weight = ln.weight.double() + (1.0 if getattr(ln, "uses_weight_offset", False) else 0.0)
     bias = getattr(ln.original_component, "bias", None)
     linear = model.unembed.original_component
     W = linear.weight.double()  # (d_vocab, d_model)
     row = W[target] - (0 if contrast is None else W[contrast])
-    direction = weight * row / scale
+    direction = frozen_gain(model, cache, pos) * row
     const = 0.0 if bias is None or ln.uses_rms_norm else float(bias.double() @ row)
     if linear.bias is not None:
         const += float(linear.bias[target] - (0 if contrast is None else linear.bias[contrast]))
     return direction, const
+
+
+def frozen_gain(model, cache, pos: int) -> torch.Tensor:
+    """The final norm's weight over its scale at `pos` in the clean pass (d_model,): with
+    the scale frozen, the norm is centring (LayerNorm) then this gain, then its bias."""
+    ln = model.ln_final
+    scale = cache["ln_final.hook_scale"][0, pos].double()  # (1,)
+    weight = ln.weight.double() + (1.0 if getattr(ln, "uses_weight_offset", False) else 0.0)
+    return weight / scale
 
 
 def _head_rows(model, cache, pos: int, direction: torch.Tensor, blocks: list) -> list:

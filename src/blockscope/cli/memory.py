@@ -1,0 +1,138 @@
+"""`blockscope mlp-memory`: the MLP neurons that write the answer, as keys and values."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from blockscope.cli.common import (
+    BosTokenOpt,
+    DeviceOpt,
+    Dtype,
+    DtypeOpt,
+    ModelOpt,
+    NoOverwriteOpt,
+    OutDirOpt,
+    PickleOpt,
+    PromptArg,
+    PromptFileOpt,
+    QuietOpt,
+    app,
+    early_tokens,
+    flag,
+    handled,
+    load,
+    model_record,
+    out,
+    prompt_text,
+)
+from blockscope.cli.lens import _positions
+from blockscope.cli.output import write
+from blockscope.errors import BlockscopeError
+
+
+@app.command("mlp-memory")
+@handled
+def mlp_memory(
+    prompt: PromptArg = None,
+    text: PromptFileOpt = None,
+    target: Annotated[str | None, typer.Option(
+        help="The token followed (one token, e.g. ' Paris'). Default: the model's own top-1.",
+        show_default=False)] = None,
+    contrast: Annotated[str | None, typer.Option(
+        help="Follow the logit difference target - contrast.", show_default=False)] = None,
+    position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")
+                        ] = -1,
+    n_layers: Annotated[int, typer.Option(help="MLP layers shown: those writing most "
+                                          "toward the target.")] = 3,
+    per_layer: Annotated[int, typer.Option(help="Neurons per layer.")] = 5,
+    top_k: Annotated[int, typer.Option(help="Tokens a neuron's write promotes and "
+                                       "suppresses.")] = 5,
+    method: Annotated[str, typer.Option(help="How the chosen neurons are removed for the "
+                                        "check: zero, or mean (over the prompt).")] = "zero",
+    prepend_bos: Annotated[bool, flag(help="Prepend BOS (see --bos-token).")] = True,
+    bos_token: BosTokenOpt = None,
+    model: ModelOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = Dtype.float32,
+    allow_pickle: PickleOpt = False,
+    out_dir: OutDirOpt = Path("results"),
+    quiet: QuietOpt = False,
+    no_overwrite: NoOverwriteOpt = False,
+) -> None:
+    """The MLP as a key-value memory (Geva et al.): the neurons whose activation x value
+    adds most to the target's logit, what their writes promote, and what removing them does.
+
+    Example: blockscope mlp-memory "The capital of France is" --target " Paris"
+    """
+    from blockscope.experiments import logit_lens
+    from blockscope.experiments import mlp_memory as experiment
+    from blockscope.inputs.text import tokenize
+    from blockscope.model.loading import spec_for
+    from blockscope.results.files import check_out_dir, sidecar
+
+    started = time.perf_counter()
+    for name, value in (("--n-layers", n_layers), ("--per-layer", per_layer),
+                        ("--top-k", top_k)):
+        if value < 1:
+            raise BlockscopeError(f"{name} must be at least 1 (got {value})")
+    if method not in ("zero", "mean"):
+        raise BlockscopeError(f"--method must be zero or mean (got {method!r})")
+    text_, source = prompt_text(prompt, text)
+    spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
+    out_path = check_out_dir(out_dir)
+    early = early_tokens(spec, text_, prepend_bos)
+    if early is not None:
+        _positions(early.shape[-1], position, False)
+    lm = load(spec, allow_pickle, quiet)
+    tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
+    (pos,) = _positions(tokens.shape[-1], position, False)
+    if target is None:
+        wanted = int(logit_lens.lens(lm, tokens, positions=[pos], k=1)["target_id"].iloc[-1])
+    else:
+        wanted = logit_lens.target_id(lm.tokenizer, target)
+    against = None if contrast is None else logit_lens.target_id(lm.tokenizer, contrast,
+                                                                  "--contrast")
+    layers, df = experiment.neurons(lm, tokens, position=pos, target=wanted, contrast=against,
+                                    n_layers=n_layers, per_layer=per_layer, k=top_k,
+                                    method=method)
+    label = lm.tokenizer.decode([wanted])
+    if not quiet:
+        render(layers, df, spec.label, label)
+    meta = sidecar(command="mlp-memory", model=model_record(spec, lm), text=source,
+                   tokens=tokens[0].tolist(), prepend_bos=prepend_bos, position=pos,
+                   target=label, contrast=contrast, removal=df.attrs,
+                   contribution="activation x the value's direct logit, through the final "
+                   "norm with its scale frozen at the clean pass (as logit-lens)",
+                   dtype=spec.dtype, device=spec.device,
+                   wall_time_s=round(time.perf_counter() - started, 3))
+    write(out_path, f"mlp-memory-{spec.slug}", {"": df, "-layers": layers}, meta, quiet)
+
+
+def render(layers, df, label: str, target: str) -> None:
+    from blockscope.inputs.text import visible
+    from blockscope.results.render import table
+
+    shown = layers.assign(block=layers["layer"] + 1)
+    out.print(table(shown, {"block": ("block", "d"), "contribution": ("MLP's direct logit",
+                                                                      "+.3f"),
+                            "share_of_logit": ("of the logit", ".1%"),
+                            "top_share": ("of it, the neurons below", ".1%")},
+                    title=f"{label}: the MLPs writing most toward {visible(target)}",
+                    caption="blocks counted from 1"))
+    neat = df.assign(block=df["layer"] + 1,
+                     promotes=df["promotes"].map(lambda s: " ".join(map(visible,
+                                                                        s.split("|")))))
+    out.print(table(neat, {"block": ("block", "d"), "neuron": ("neuron", "d"),
+                           "activation": ("activation", "+.2f"),
+                           "contribution": ("direct logit", "+.3f"),
+                           "target_rank": (f"rank of {visible(target)} in its write", ",d"),
+                           "promotes": ("its write promotes", "s")},
+                    title="the neurons adding most (activation x value)"))
+    a = df.attrs
+    out.print(f"removing these {a['n_removed']} neurons ({a['method']}): the probability of "
+              f"{visible(target)} goes from {a['prob_before']:.4f} to {a['prob_after']:.4f}",
+              highlight=False, soft_wrap=True)
