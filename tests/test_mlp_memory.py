@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from blockscope.cli import app
 from blockscope.errors import BlockscopeError
 from blockscope.experiments.logit_lens import target_id
-from blockscope.experiments.mlp_memory import neurons
+from blockscope.experiments.mlp_memory import neurons, triggers
 from blockscope.inputs.text import tokenize
 
 from .conftest import result
@@ -105,10 +105,17 @@ def test_a_norm_after_the_mlp_is_refused(tmp_path):
         neurons(model, ids, position=-1, target=1)
 
 
-def test_command_writes_neurons_layers_and_sidecar(tiny_dir, tmp_path):
+def test_command_writes_neurons_layers_keys_and_sidecar(tiny_dir, tmp_path):
+    from .conftest import ALICE
+
     res = CliRunner().invoke(app, ["mlp-memory", PROMPT, "--model", str(tiny_dir), "--target",
-                                   " Paris", "--method", "mean", "--out-dir", str(tmp_path)])
+                                   " Paris", "--method", "mean", "--text", str(ALICE),
+                                   "--n-examples", "2", "--out-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    keys = pd.read_csv(result(tmp_path, "mlp-memory-tiny-gpt2-keys.csv"))
+    assert len(keys) == 15 * 2 and set(keys["rank"]) == {1, 2}
     assert "removing these 15 neurons (mean)" in " ".join(res.stdout.split())
     meta = json.loads(result(tmp_path, "mlp-memory-tiny-gpt2.json").read_text())
     assert meta["removal"]["method"] == "mean" and meta["target"] == " Paris"
@@ -117,3 +124,39 @@ def test_command_writes_neurons_layers_and_sidecar(tiny_dir, tmp_path):
                                    "max", "--out-dir", str(tmp_path / "b")])
     assert bad.exit_code == 1 and "--method must be zero or mean" in bad.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_trigger_contexts_equal_a_brute_force_scan_with_hf_hooks(tiny, hf):
+    """Geva 2020's keys: the positions where a neuron fires most over a small corpus, from
+    the streamed top-k heaps, equal a brute-force scan of every position with a plain HF
+    forward hook on c_proj's input (each document's first token left out)."""
+    from blockscope.inputs.corpus import Docs
+
+    from .builders import paragraphs
+
+    texts = [p[:300] for p in paragraphs()[:4]]
+    ids = [tokenize(tiny.tokenizer, t, prepend_bos=True) for t in texts]
+    docs = Docs(ids=ids, index=list(range(len(ids))), unit="document")
+    picks = [(1, 7, 1.0), (2, 30, -1.0)]
+    got = triggers(tiny, docs, picks, n_examples=4)
+    for layer, neuron, sign in picks:
+        seen = []
+        for d, x in enumerate(ids):
+            acts = {}
+            h = hf.transformer.h[layer].mlp.c_proj.register_forward_pre_hook(
+                lambda m, a: acts.__setitem__("a", a[0].detach()))
+            try:
+                with torch.no_grad():
+                    hf(x)
+            finally:
+                h.remove()
+            seen += [(sign * float(acts["a"][0, p, neuron]), d, p)
+                     for p in range(1, x.shape[1])]
+        want = sorted(seen, reverse=True)[:4]
+        rows = got[(got["layer"] == layer) & (got["neuron"] == neuron)].sort_values("rank")
+        assert list(zip(rows["doc"], rows["position"], strict=True)) == [(d, p) for _, d, p
+                                                                          in want]
+        for (a, _, _), act in zip(want, rows["activation"], strict=True):
+            assert sign * act == pytest.approx(a, abs=1e-4)
+        r = rows.iloc[0]
+        assert r["context"].endswith(r["trigger"].strip()) or r["trigger"].isspace()

@@ -17,8 +17,6 @@ from blockscope.cli.common import (
     NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
-    PromptArg,
-    PromptFileOpt,
     QuietOpt,
     app,
     early_tokens,
@@ -29,6 +27,7 @@ from blockscope.cli.common import (
     out,
     prompt_text,
 )
+from blockscope.cli.data import ColumnOpt, ConfigOpt, DatasetOpt, NDocsOpt, NTokensOpt, SplitOpt
 from blockscope.cli.lens import _positions
 from blockscope.cli.output import write
 from blockscope.errors import BlockscopeError
@@ -37,8 +36,17 @@ from blockscope.errors import BlockscopeError
 @app.command("mlp-memory")
 @handled
 def mlp_memory(
-    prompt: PromptArg = None,
-    text: PromptFileOpt = None,
+    prompt: Annotated[str, typer.Argument(help="The prompt.")],
+    text: Annotated[Path | None, typer.Option(
+        "--text", "-t", help="A UTF-8 passage to find each neuron's keys in: the contexts "
+        "that trigger it most.", show_default=False)] = None,
+    dataset: DatasetOpt = None,
+    config: ConfigOpt = None,
+    split: SplitOpt = None,
+    column: ColumnOpt = "text",
+    n_tokens: NTokensOpt = None,
+    n_docs: NDocsOpt = None,
+    n_examples: Annotated[int, typer.Option(help="Trigger contexts per neuron.")] = 5,
     target: Annotated[str | None, typer.Option(
         help="The token followed (one token, e.g. ' Paris'). Default: the model's own top-1.",
         show_default=False)] = None,
@@ -76,18 +84,28 @@ def mlp_memory(
 
     started = time.perf_counter()
     for name, value in (("--n-layers", n_layers), ("--per-layer", per_layer),
-                        ("--top-k", top_k)):
+                        ("--top-k", top_k), ("--n-examples", n_examples)):
         if value < 1:
             raise BlockscopeError(f"{name} must be at least 1 (got {value})")
     if method not in ("zero", "mean"):
         raise BlockscopeError(f"--method must be zero or mean (got {method!r})")
-    text_, source = prompt_text(prompt, text)
+    text_, source = prompt_text(prompt, None)
     spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
     out_path = check_out_dir(out_dir)
     early = early_tokens(spec, text_, prepend_bos)
     if early is not None:
         _positions(early.shape[-1], position, False)
-    lm = load(spec, allow_pickle, quiet)
+    run = None
+    if text is not None or dataset is not None:  # the keys' corpus, read once loaded
+        from blockscope.cli.data import corpus_run, source_of
+
+        corpus = source_of(text=text, dataset=dataset, config=config, split=split,
+                           column=column, revision=None, n_tokens=n_tokens, n_docs=n_docs,
+                           shuffle=False, seed=0, prepend_bos=prepend_bos, max_tokens=None)
+        run = corpus_run(corpus, model, device=device, dtype=dtype.value, stride=None,
+                         out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
+                         bos_token=bos_token)
+    lm = run.model if run is not None else load(spec, allow_pickle, quiet)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
     (pos,) = _positions(tokens.shape[-1], position, False)
     if target is None:
@@ -100,19 +118,29 @@ def mlp_memory(
                                     n_layers=n_layers, per_layer=per_layer, k=top_k,
                                     method=method)
     label = lm.tokenizer.decode([wanted])
+    keys = None
+    if run is not None:
+        picks = [(int(r.layer), int(r.neuron), 1.0 if r.activation >= 0 else -1.0)
+                 for r in df.itertuples()]
+        keys = experiment.triggers(lm, run.docs, picks, n_examples=n_examples)
     if not quiet:
-        render(layers, df, spec.label, label)
+        render(layers, df, spec.label, label, keys)
     meta = sidecar(command="mlp-memory", model=model_record(spec, lm), text=source,
                    tokens=tokens[0].tolist(), prepend_bos=prepend_bos, position=pos,
                    target=label, contrast=contrast, removal=df.attrs,
+                   keys=None if run is None else {
+                       "corpus": run.docs.record, "n_examples": n_examples,
+                       "read": "every document's tokens but its first, each position once, "
+                       "ranked by activation x the sign it has on the prompt"},
                    contribution="activation x the value's direct logit, through the final "
                    "norm with its scale frozen at the clean pass (as logit-lens)",
                    dtype=spec.dtype, device=spec.device,
                    wall_time_s=round(time.perf_counter() - started, 3))
-    write(out_path, f"mlp-memory-{spec.slug}", {"": df, "-layers": layers}, meta, quiet)
+    frames = {"": df, "-layers": layers, **({} if keys is None else {"-keys": keys})}
+    write(out_path, f"mlp-memory-{spec.slug}", frames, meta, quiet)
 
 
-def render(layers, df, label: str, target: str) -> None:
+def render(layers, df, label: str, target: str, keys=None) -> None:
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
@@ -132,6 +160,14 @@ def render(layers, df, label: str, target: str) -> None:
                            "target_rank": (f"rank of {visible(target)} in its write", ",d"),
                            "promotes": ("its write promotes", "s")},
                     title="the neurons adding most (activation x value)"))
+    if keys is not None:
+        first = keys[keys["rank"] == 1].assign(block=keys["layer"] + 1, context=keys[
+            "context"].map(lambda c: " ".join(c[-60:].split())))  # one line, spaces kept
+        out.print(table(first, {"block": ("block", "d"), "neuron": ("neuron", "d"),
+                                "activation": ("activation", "+.2f"),
+                                "context": ("the context that triggers it most", "s")},
+                        title="each neuron's key: the corpus context firing it most",
+                        caption="all top contexts are in the -keys CSV"))
     a = df.attrs
     out.print(f"removing these {a['n_removed']} neurons ({a['method']}): the probability of "
               f"{visible(target)} goes from {a['prob_before']:.4f} to {a['prob_after']:.4f}",

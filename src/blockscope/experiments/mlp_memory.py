@@ -115,3 +115,53 @@ def _removal(model, tokens, cache, position: int, target: int, removed, method: 
             after = model(ids, return_type="logits")[0, position].float().softmax(-1)[target]
     return {"prob_before": float(before), "prob_after": float(after), "method": method,
             "n_removed": sum(len(idx) for _, idx in removed)}
+
+
+@torch.inference_mode()
+def triggers(model, docs, picks: list[tuple[int, int, float]], *, n_examples: int = 5,
+             stride: int | None = None, width: int = 12) -> pd.DataFrame:
+    """Each neuron's keys (Geva et al. 2020's trigger examples): the `n_examples` corpus
+    positions where `picks` [(layer, neuron, sign)] fire most (sign x activation: a gated
+    MLP's neuron may write through negative activations), over every document's tokens but
+    its first, each position read once (windows as the sweeps'). Streams the documents,
+    keeping only a top-k heap per neuron. Rows: `layer, neuron, rank, activation, doc,
+    position, trigger, context` (the `width` tokens up to and including the trigger)."""
+    import heapq
+
+    from blockscope.inputs.corpus import as_docs
+    from blockscope.sweeps.sweep import model_windows
+
+    docs = as_docs(docs)
+    layers = sorted({la for la, _, _ in picks})
+    names = {f"blocks.{la}.mlp.out.hook_in" for la in layers}
+    heaps: dict[tuple[int, int], list] = {(la, n): [] for la, n, _ in picks}
+    by_layer = {la: [(n, s) for la2, n, s in picks if la2 == la] for la in layers}
+    for d, ids in zip(docs.index, docs.ids, strict=True):
+        for w in model_windows(model, ids, stride):
+            chunk = ids[:, w.begin:w.end].to(model.cfg.device)
+            _, cache = model.run_with_cache(chunk, return_type=None,
+                                            names_filter=lambda n: n in names)
+            lo = w.offset  # positions first read here (a document's first never)
+            for la in layers:
+                acts = cache[f"blocks.{la}.mlp.out.hook_in"][0, lo:]  # (t, d_mlp)
+                for n, s in by_layer[la]:
+                    heap = heaps[(la, n)]
+                    for j, a in enumerate((s * acts[:, n]).float().tolist()):
+                        item = (a, -d, -(w.begin + lo + j))
+                        if len(heap) < n_examples:
+                            heapq.heappush(heap, item)
+                        elif item > heap[0]:
+                            heapq.heapreplace(heap, item)
+            del cache
+    text = {d: ids[0] for d, ids in zip(docs.index, docs.ids, strict=True)}
+    rows = []
+    for (la, n), heap in heaps.items():
+        s = next(s for la2, n2, s in picks if (la2, n2) == (la, n))
+        for rank, (a, d, p) in enumerate(sorted(heap, reverse=True), 1):
+            d, p = -d, -p
+            ids = text[d][max(0, p - width + 1): p + 1].tolist()
+            rows.append({"layer": la, "neuron": n, "rank": rank, "activation": s * a,
+                         "doc": d, "position": p,
+                         "trigger": token_text(model.tokenizer, ids[-1]),
+                         "context": model.tokenizer.decode(ids)})
+    return pd.DataFrame(rows)
