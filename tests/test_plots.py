@@ -206,3 +206,20 @@ def test_ablation_baseline_line_is_above_the_bottom_axis():
     fig = ablation_plot(pd.DataFrame(rows), "every removal raises perplexity")
     low, high = fig.axes[0].get_ylim()
     assert low < 0.97 < 1  # the baseline at 1 is drawn inside the axes, not on its edge
+
+
+def test_mlp_memory_cards_are_readable(tiny_dir, tmp_path, monkeypatch):
+    """One card per neuron with its keys: nothing cut, the title clear of every card."""
+    from blockscope.results import plots
+
+    drawn = []
+    real = plots.memory_plot
+    monkeypatch.setattr(plots, "memory_plot", lambda *a: drawn.append(real(*a)) or drawn[-1])
+    res = CliRunner().invoke(app, ["mlp-memory", "The capital of France is", "--model",
+                                   str(tiny_dir), "--text", str(ALICE), "--n-layers", "2",
+                                   "--per-layer", "2", "--out-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    (fig,) = drawn
+    title = fig._suptitle.get_text()
+    assert_readable(fig, [title])
+    assert result(tmp_path, "mlp-memory-tiny-gpt2.png").read_bytes()[:4] == b"\x89PNG"

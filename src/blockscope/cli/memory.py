@@ -17,6 +17,7 @@ from blockscope.cli.common import (
     NoOverwriteOpt,
     OutDirOpt,
     PickleOpt,
+    PlotOpt,
     QuietOpt,
     app,
     early_tokens,
@@ -68,6 +69,7 @@ def mlp_memory(
     dtype: DtypeOpt = Dtype.float32,
     allow_pickle: PickleOpt = False,
     out_dir: OutDirOpt = Path("results"),
+    plot: PlotOpt = True,
     quiet: QuietOpt = False,
     no_overwrite: NoOverwriteOpt = False,
 ) -> None:
@@ -137,7 +139,14 @@ def mlp_memory(
                    dtype=spec.dtype, device=spec.device,
                    wall_time_s=round(time.perf_counter() - started, 3))
     frames = {"": df, "-layers": layers, **({} if keys is None else {"-keys": keys})}
-    write(out_path, f"mlp-memory-{spec.slug}", frames, meta, quiet)
+    stem = f"mlp-memory-{spec.slug}"
+    extra = {}
+    if plot:
+        from blockscope.results.plots import memory_plot
+
+        extra[f"{stem}.png"] = memory_plot(df, keys, f"{spec.label}: the MLP neurons writing "
+                                           f"{label!r} on {prompt!r}")
+    write(out_path, stem, frames, meta, quiet, extra=extra)
 
 
 def render(layers, df, label: str, target: str, keys=None) -> None:

@@ -333,3 +333,36 @@ def lens_grid_plot(df: pd.DataFrame, title: str) -> Figure:
     fig.colorbar(im, ax=ax, label="top-1 probability", shrink=0.8)
     fig.suptitle(title + ": the logit lens, top-1 token", fontsize=10)
     return fig
+
+
+def memory_plot(neurons: pd.DataFrame, keys: pd.DataFrame | None, title: str) -> Figure:
+    """One card per neuron, to paste into notes: block and neuron, activation and direct
+    logit, the tokens its write promotes, and (with a corpus) the contexts firing it most."""
+    n = len(neurons)
+    cols = min(3, n)
+    rows = -(-n // cols)
+    per = 1.2 + (0.32 * min(3, int(keys["rank"].max())) if keys is not None and len(keys)
+                 else 0)
+    fig, axes = _subplots(rows, cols, figsize=(5.2 * cols, per * rows + 0.6), squeeze=False,
+                          constrained=True)
+    for ax in axes.flat:
+        ax.axis("off")
+    from matplotlib.patches import Rectangle
+
+    for ax, r in zip(axes.flat, neurons.itertuples(), strict=False):
+        ax.add_patch(Rectangle((-0.02, -0.05), 1.02, 1.08, transform=ax.transAxes,
+                               fill=False, edgecolor="0.8", clip_on=False))  # the card
+        lines = [(f"block {r.layer + 1}, neuron {r.neuron}", "bold"),
+                 (f"activation {r.activation:+.2f}, direct logit {r.contribution:+.3f}", None),
+                 ("promotes: " + " ".join(_drawable(t) for t in r.promotes.split("|")), None)]
+        if keys is not None:
+            mine = keys[(keys["layer"] == r.layer) & (keys["neuron"] == r.neuron)]
+            for k in mine.sort_values("rank").head(3).itertuples():
+                context = " ".join(str(k.context).split())[-46:]
+                lines.append((f"{k.activation:+.1f}: ...{context}", "italic"))
+        for i, (line, style) in enumerate(lines):
+            ax.text(0, 1 - i / max(4, len(lines)), line, transform=ax.transAxes, va="top",
+                    fontsize=8, fontweight="bold" if style == "bold" else "normal",
+                    fontstyle="italic" if style == "italic" else "normal", wrap=False)
+    fig.suptitle(title, fontsize=10)
+    return fig
