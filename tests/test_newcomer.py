@@ -255,7 +255,7 @@ def test_plots_name_the_part_and_titles_use_the_directory_name(tmp_path):
 
 
 def test_reproduce_verdict_does_not_read_as_a_match():
-    from blockscope.cli.reproduce import best_sentence
+    from blockscope.results.report import best_sentence
 
     assert "no BOS x weights variant matches" in best_sentence(("BOS, raw weights", 0, 6))
     assert "matches 4 of 6" in best_sentence(("BOS, raw weights", 4, 6))

@@ -239,7 +239,7 @@ def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
     article's with no difference and no verdict (`reproduce_sections.article_claims`
     compares the claims instead)."""
     rows = []
-    digits: dict = {}  # one experiment's figures in one unit, at one precision: 22.184, 1,684.297
+    digits: dict = {}  # one experiment's figures in one unit share one precision
     for f in figures:
         key = (f.experiment, f.unit)
         digits[key] = max(digits.get(key, 0), f.digits)

@@ -128,6 +128,6 @@ def report_failure(line: str) -> None:
                         "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
     try:
         with open(path, "w") as fp:
-            json.dump(data, fp)
+            json.dump(data, fp, allow_nan=False)
     except OSError:
         pass  # torchrun's summary falls back to its generic line; stderr has the reason
