@@ -210,7 +210,7 @@ def test_ablation_baseline_line_is_above_the_bottom_axis():
 
 def test_mlp_memory_cards_are_readable(tiny_dir, tmp_path, monkeypatch):
     """One card per neuron with its keys: nothing cut, the title clear of every card."""
-    from blockscope.results import plots
+    from blockscope.results import mlp_plots as plots
 
     drawn = []
     real = plots.memory_plot

@@ -31,6 +31,7 @@ from blockscope.cli.common import (
     prompt_text,
 )
 from blockscope.cli.output import write
+from blockscope.cli.prompts import pick_positions
 from blockscope.errors import BlockscopeError
 
 READ_AS = ("the lens reads every point with the model's final norm and unembedding; before "
@@ -87,12 +88,12 @@ def logit_lens(
     out_path = check_out_dir(out_dir)
     early = early_tokens(spec, text_, prepend_bos)
     if early is not None:
-        _positions(early.shape[-1], position, all_positions)
+        pick_positions(early.shape[-1], position, all_positions)
     lm = load(spec, allow_pickle, quiet)
     from blockscope.inputs.text import tokenize
 
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
-    positions = _positions(tokens.shape[-1], position, all_positions)
+    positions = pick_positions(tokens.shape[-1], position, all_positions)
     wanted = None if target is None else experiment.target_id(lm.tokenizer, target)
     against = None if contrast is None else experiment.target_id(lm.tokenizer, contrast,
                                                                   "--contrast")
@@ -118,21 +119,13 @@ def logit_lens(
     stem = f"logit-lens-{spec.slug}{'-all' if all_positions else ''}"
     extra = {}
     if plot:
-        from blockscope.results import plots
+        from blockscope.results import mlp_plots as plots
 
         shown = text_ if len(text_) <= 40 else text_[:37] + "..."
         title = f"{spec.label} on {shown!r}"
         extra[f"{stem}.png"] = (plots.lens_grid_plot(df, title) if all_positions
                                 else plots.lens_plot(df, attrs, title))
     write(out_path, stem, frames, meta, quiet, extra=extra)
-
-
-def _positions(n: int, position: int, every: bool) -> list[int]:
-    if every:
-        return list(range(n))
-    if not -n <= position < n:
-        raise BlockscopeError(f"--position {position} is outside the {n} tokens")
-    return [position % n]
 
 
 def render(df, attrs, label: str, grid: bool, contrast: str | None) -> None:

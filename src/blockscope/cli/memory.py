@@ -29,8 +29,8 @@ from blockscope.cli.common import (
     prompt_text,
 )
 from blockscope.cli.data import ColumnOpt, ConfigOpt, DatasetOpt, NDocsOpt, NTokensOpt, SplitOpt
-from blockscope.cli.lens import _positions
 from blockscope.cli.output import write
+from blockscope.cli.prompts import pick_positions
 from blockscope.errors import BlockscopeError
 
 
@@ -96,7 +96,7 @@ def mlp_memory(
     out_path = check_out_dir(out_dir)
     early = early_tokens(spec, text_, prepend_bos)
     if early is not None:
-        _positions(early.shape[-1], position, False)
+        pick_positions(early.shape[-1], position, False)
     run = None
     if text is not None or dataset is not None:  # the keys' corpus, read once loaded
         from blockscope.cli.data import corpus_run, source_of
@@ -109,7 +109,7 @@ def mlp_memory(
                          bos_token=bos_token)
     lm = run.model if run is not None else load(spec, allow_pickle, quiet)
     tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
-    (pos,) = _positions(tokens.shape[-1], position, False)
+    (pos,) = pick_positions(tokens.shape[-1], position, False)
     if target is None:
         wanted = int(logit_lens.lens(lm, tokens, positions=[pos], k=1)["target_id"].iloc[-1])
     else:
@@ -142,7 +142,7 @@ def mlp_memory(
     stem = f"mlp-memory-{spec.slug}"
     extra = {}
     if plot:
-        from blockscope.results.plots import memory_plot
+        from blockscope.results.mlp_plots import memory_plot
 
         extra[f"{stem}.png"] = memory_plot(df, keys, f"{spec.label}: the MLP neurons writing "
                                            f"{label!r} on {prompt!r}")

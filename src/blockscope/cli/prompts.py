@@ -49,3 +49,14 @@ def check_context(tokens, model) -> None:
     n, n_ctx = int(tokens.shape[-1]), int(model.cfg.n_ctx)
     if n > n_ctx:
         raise BlockscopeError(f"{n:,} tokens, the model's context is {n_ctx:,}")
+
+
+def pick_positions(n: int, position: int, every: bool) -> list[int]:
+    """The token positions of an n-token prompt that `--position` / `--all-positions`
+    name (negative counts from the end), or a refusal."""
+    from blockscope.experiments.resid_norm import check_positions
+
+    if every:
+        return list(range(n))
+    check_positions([position], n)
+    return [position % n]
