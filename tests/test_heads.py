@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 from blockscope.experiments.heads import head_importance, one_head_per_layer, single_head_ablation
 from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, mask_heads
@@ -130,7 +130,8 @@ def test_one_head_per_layer_equals_hf_without_the_others(tiny, hf, ids):
 
 
 def test_out_of_range_filters_and_bad_options(tiny, ids):
-    with pytest.raises(BlockscopeError, match="--layers"):
+    with pytest.raises(BadValue, match="^layers must be between 0 and") as bad:
         single_head_ablation(tiny, ids, layers=[3])
-    with pytest.raises(BlockscopeError, match="--heads"):
+    assert bad.value.as_flag().startswith("--layers must be")
+    with pytest.raises(BadValue, match="^heads must be between"):
         single_head_ablation(tiny, ids, heads=[-1])

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 from blockscope.experiments.pruning import prunable, pruning_curve
 from blockscope.inputs.text import tokenize
 from blockscope.sweeps.sweep import model_windows, token_nll
@@ -47,10 +47,13 @@ def test_random_curve_is_reproducible_with_its_seed(tiny, ids):
 
 
 def test_bad_orders_and_steps_are_refused(tiny, ids):
-    with pytest.raises(BlockscopeError, match="--order"):
+    """The library names the parameter as it calls it; the CLI says the flag."""
+    with pytest.raises(BadValue, match="^order must be one of") as bad:
         pruning_curve(tiny, ids, order="magnitude")
-    with pytest.raises(BlockscopeError, match="--step"):
+    assert bad.value.as_flag().startswith("--order must be one of")
+    with pytest.raises(BadValue, match="^step must be") as bad:
         pruning_curve(tiny, ids, step=1.5)
+    assert bad.value.as_flag().startswith("--step must be")
 
 
 def test_the_headline_stops_where_the_curve_first_leaves_the_band():

@@ -120,12 +120,13 @@ def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
     the same bytes as experiments/article.toml, is found from any folder."""
     from importlib.resources import files
 
+    from blockscope.experiments import article
     from blockscope.experiments import reproduce as rp
 
     packaged = Path(str(files("blockscope") / "data" / "article.toml"))
     assert packaged.read_bytes() == (REPO / rp.DEFAULT_REFERENCE).read_bytes()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(rp, "SOURCE_TREE", tmp_path)  # no checkout around it
+    monkeypatch.setattr(article, "SOURCE_TREE", tmp_path)  # no checkout around it
     settings, figures = rp.load_reference(rp.DEFAULT_REFERENCE)
     assert figures and Path(settings["ablate"]["text"]).is_file()
 

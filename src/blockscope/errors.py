@@ -1,8 +1,25 @@
-"""The one exception type the CLI turns into a single line on stderr."""
+"""The exception types the CLI turns into a single line on stderr."""
+
+import re
+
+_NAME = re.compile(r"`([a-z][a-z0-9_]*)`")
 
 
 class BlockscopeError(Exception):
     """Bad input or an unusable environment, explained in one sentence for the user."""
+
+
+class BadValue(BlockscopeError):
+    """A value given is unusable. The message names parameters in backticks, as the library
+    calls them: str() reads `stride must be at least 1 (got 0)`, and the CLI says the flag
+    (`--stride must be ...`) with `as_flag`."""
+
+    def __init__(self, template: str):
+        self.template = template
+        super().__init__(_NAME.sub(r"\1", template))
+
+    def as_flag(self) -> str:
+        return _NAME.sub(lambda m: "--" + m[1].replace("_", "-"), self.template)
 
 
 class ModelUnavailable(BlockscopeError):

@@ -3,48 +3,18 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import (
-    BosTokenOpt,
-    DeviceOpt,
-    Dtype,
-    DtypeOpt,
-    ModelOpt,
-    NoOverwriteOpt,
-    OutDirOpt,
-    PickleOpt,
-    PlotOpt,
-    QuietOpt,
-    app,
-    engine_record,
-    err,
-    flag,
-    handled,
-    out,
-)
-from blockscope.cli.data import (
-    BootstrapOpt,
-    ColumnOpt,
-    ConfigOpt,
-    DatasetOpt,
-    NDocsOpt,
-    NTokensOpt,
-    RevisionOpt,
-    SeedOpt,
-    ShuffleOpt,
-    SplitOpt,
-    TextOpt,
-    corpus_run,
-    source_of,
-    stability_line,
-    uncertainty_record,
-)
+from blockscope.cli.common import command as register
+from blockscope.cli.common import engine_record, err, out
+from blockscope.cli.data import corpus_run, stability_line, uncertainty_record
+from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
+from blockscope.cli.text_options import Method, MethodOpt, Passage, SeedOpt, Sweep, Window
 
 
 class Part(str, Enum):
@@ -53,76 +23,32 @@ class Part(str, Enum):
     mlp = "mlp"
 
 
-class Method(str, Enum):
-    zero = "zero"
-    mean = "mean"
+REMOVED = {"block": "skipping each block", "attn": "removing each block's attention",
+           "mlp": "removing each block's MLP"}
+SHOWN = {"block": "each block skipped", "attn": "each block's attention removed",
+         "mlp": "each block's MLP removed"}
 
 
-BosOpt = Annotated[
-    bool,
-    flag(
-        help="Prepend BOS (the token the model saw at document starts; see --bos-token), so "
-        "the first word is predicted too. TransformerLens's default."
-    ),
-]
-MaxTokensOpt = Annotated[
-    int | None, typer.Option(help="Keep only the first N tokens of the text (BOS not counted).")
-]
-StrideOpt = Annotated[
-    int | None,
-    typer.Option(help="Sliding-window stride for text longer than the context (default n_ctx/2)."),
-]
-class Engine(str, Enum):
-    cached = "cached"
-    naive = "naive"
+@dataclass
+class Ablate(Options):
+    name: ClassVar[str] = "ablate"
+    passage: Passage = group(Passage)
+    seed: SeedOpt = 0
+    load: Load = group(Load)
+    part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block
+    method: MethodOpt = Method.zero
+    window: Window = group(Window)
+    sweep: Sweep = group(Sweep)
+    out: Output = group(Output)
+
+    @property
+    def suffix(self) -> str:
+        return ("" if self.part is Part.block else f"-{self.part.value}") + (
+            "" if self.method is Method.zero else f"-{self.method.value}")
 
 
-EngineOpt = Annotated[
-    Engine,
-    typer.Option(help="cached: one clean pass, each variant from the block it changes; "
-                 "naive: one hooked forward per variant (the reference). Same numbers."),
-]
-BatchOpt = Annotated[
-    int | None,
-    typer.Option(min=1, help="Variants per batch (default: by memory; on the CPU at most 6, "
-                 "or 1 where blocks run through the bridge)."),
-]
-MethodOpt = Annotated[
-    Method, typer.Option(help="zero: remove it; mean: write its clean mean over positions.")
-]
-
-
-@app.command()
-@handled
-def ablate(
-    text: TextOpt = None,
-    dataset: DatasetOpt = None,
-    config: ConfigOpt = None,
-    split: SplitOpt = None,
-    column: ColumnOpt = "text",
-    revision: RevisionOpt = None,
-    n_tokens: NTokensOpt = None,
-    n_docs: NDocsOpt = None,
-    shuffle: ShuffleOpt = False,
-    bootstrap: BootstrapOpt = 1000,
-    seed: SeedOpt = 0,
-    model: ModelOpt = None,
-    part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block,
-    method: MethodOpt = Method.zero,
-    max_tokens: MaxTokensOpt = None,
-    stride: StrideOpt = None,
-    prepend_bos: BosOpt = True,
-    bos_token: BosTokenOpt = None,
-    engine: EngineOpt = Engine.cached,
-    batch_size: BatchOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = Dtype.float32,
-    allow_pickle: PickleOpt = False,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+@register
+def ablate(o: Ablate) -> None:
     """Skip each block in turn (its output = its input) and report perplexity on a passage
     or a corpus, with bootstrap intervals.
 
@@ -133,65 +59,44 @@ def ablate(
     from blockscope.sweeps.stats import Bootstrap
 
     started = time.perf_counter()
-    source = source_of(text=text, dataset=dataset, config=config, split=split, column=column,
-                       revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
-                       seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
-    run = corpus_run(source, model, device=device, dtype=dtype.value, stride=stride,
-                     out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
-                     bos_token=bos_token)
-    spec, lm = run.spec, run.model
-    show = not quiet and run.comm.writes
-    sweep_started = time.perf_counter()
-    what = {"block": "skipping each block", "attn": "removing each block's attention",
-            "mlp": "removing each block's MLP"}[part.value]
-    what += " (mean)" if method is Method.mean else ""
-    with progress_bar(err, lm.cfg.n_layers + 1, what, show) as step:
+    source = o.passage.source(o.seed, o.window)
+    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
+                     stride=o.window.stride, bos_token=o.window.bos_token)
+    part, method, mean = o.part.value, o.method.value, " (mean)" * (o.method is Method.mean)
+    swept = time.perf_counter()
+    with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean,
+                      not o.out.quiet and run.comm.writes) as step:
         df = experiment.block_ablation(
-            lm, run.docs, part=part.value, method=method.value, stride=stride,
-            engine=engine.value, batch_size=batch_size, progress=step,
-            ci=Bootstrap(bootstrap, seed),
-        )
-    sweep_s = time.perf_counter() - sweep_started
+            run.model, run.docs, part=part, method=method, stride=o.window.stride,
+            engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=step,
+            ci=Bootstrap(o.passage.bootstrap, o.seed))
+    sweep_s = time.perf_counter() - swept
     if not run.comm.writes:
         return
-    correlations = experiment.metric_correlations(df)
-    uncertainty = uncertainty_record(df)
-    if show:
-        out.print(ablation_table(df, f"{spec.label} on {run.describe()}"))
-        out.print("rank correlation (Spearman) with the perplexity increase: block influence "
-                  f"{correlations['block_influence']:+.2f}, angular distance "
-                  f"{correlations['angular_distance']:+.2f}", highlight=False)
+    title = f"{run.spec.label} on {run.describe()}"
+    correlations, uncertainty = experiment.metric_correlations(df), uncertainty_record(df)
+    if not o.out.quiet:
+        out.print(ablation_table(df, title))
+        out.print(correlation_line(correlations), highlight=False)
         out.print(stability_line(uncertainty), highlight=False, soft_wrap=True)
-    suffix = "" if part is Part.block else f"-{part.value}"
-    suffix += "" if method is Method.zero else f"-{method.value}"
-    meta = run.meta(
-        "ablate",
-        n_scored=int(df.loc[0, "n_scored"]),
-        part=part.value,
-        method=method.value,
-        engine=engine.value,
-        **engine_record(df),
-        block_metrics=("cosine of each block's input and output" if part is Part.block else
-                       f"cosine of what the {part.value} half reads and the stream after its "
-                       "write (input + the half's write)")
-        + " per token (all but the first token of each document): block_influence = 1 - mean "
-        "cos (ShortGPT), angular_distance = mean arccos(cos)/pi (Gromov et al.)",
-        spearman_with_delta=correlations,
-        uncertainty=uncertainty,
-        sweep_s=round(sweep_s, 3),
-        wall_time_s=round(time.perf_counter() - started, 3),
-    )
-    stem = f"ablate-{spec.slug}-{source.stem}{suffix}"
+    meta = run.meta("ablate", n_scored=int(df.loc[0, "n_scored"]), part=part, method=method,
+                    engine=o.sweep.engine.value, **engine_record(df),
+                    block_metrics=experiment.metrics_meaning(part),
+                    spearman_with_delta=correlations, uncertainty=uncertainty,
+                    sweep_s=round(sweep_s, 3), wall_time_s=round(time.perf_counter() - started, 3))
+    stem = f"ablate-{run.spec.slug}-{source.stem}{o.suffix}"
     extra = {}
-    if plot:
+    if o.out.plot:
         from blockscope.results.plots import ablation_plot
 
-        shown = {"block": "each block skipped", "attn": "each block's attention removed",
-                 "mlp": "each block's MLP removed"}[part.value]
-        extra[f"{stem}.png"] = ablation_plot(
-            df, f"{spec.label} on {run.describe()}: perplexity with {shown}"
-            f"{' (mean)' if method is Method.mean else ''}")
-    write(run.out_dir, stem, {"": df}, meta, quiet, extra=extra)
+        extra[f"{stem}.png"] = ablation_plot(df, f"{title}: perplexity with {SHOWN[part]}{mean}")
+    write(o, stem, {"": df}, meta, extra=extra)
+
+
+def correlation_line(correlations: dict) -> str:
+    return ("rank correlation (Spearman) with the perplexity increase: block influence "
+            f"{correlations['block_influence']:+.2f}, angular distance "
+            f"{correlations['angular_distance']:+.2f}")
 
 
 def with_intervals(value: float, lo: float, hi: float, spec: str = "+,.2f") -> str:

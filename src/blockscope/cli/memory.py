@@ -3,150 +3,139 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import (
-    BosTokenOpt,
-    DeviceOpt,
-    Dtype,
-    DtypeOpt,
-    ModelOpt,
-    NoOverwriteOpt,
-    OutDirOpt,
-    PickleOpt,
-    PlotOpt,
-    QuietOpt,
-    app,
-    early_tokens,
-    flag,
-    handled,
-    load,
-    model_record,
-    out,
-    prompt_text,
-)
-from blockscope.cli.data import ColumnOpt, ConfigOpt, DatasetOpt, NDocsOpt, NTokensOpt, SplitOpt
+from blockscope.cli.common import command, out
+from blockscope.cli.lens import PromptBosOpt, TargetOpt
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, group
 from blockscope.cli.output import write
-from blockscope.cli.prompts import pick_positions
-from blockscope.errors import BlockscopeError
+from blockscope.cli.prompts import pick_positions, prompt_run
+from blockscope.cli.text_options import Dataset, PositionOpt, Prompt
+from blockscope.errors import BadValue
+
+KEYS_READ = ("every document's tokens but its first, each position once, ranked by "
+             "activation x the sign it has on the prompt")
 
 
-@app.command("mlp-memory")
-@handled
-def mlp_memory(
-    prompt: Annotated[str, typer.Argument(help="The prompt.")],
+@dataclass
+class MlpMemory(Options):
+    name: ClassVar[str] = "mlp-memory"
+    prompt: Annotated[str, typer.Argument(help="The prompt.")]
     text: Annotated[Path | None, typer.Option(
         "--text", "-t", help="A UTF-8 passage to find each neuron's keys in: the contexts "
-        "that trigger it most.", show_default=False)] = None,
-    dataset: DatasetOpt = None,
-    config: ConfigOpt = None,
-    split: SplitOpt = None,
-    column: ColumnOpt = "text",
-    n_tokens: NTokensOpt = None,
-    n_docs: NDocsOpt = None,
-    n_examples: Annotated[int, typer.Option(help="Trigger contexts per neuron.")] = 5,
-    target: Annotated[str | None, typer.Option(
-        help="The token followed (one token, e.g. ' Paris'). Default: the model's own top-1.",
-        show_default=False)] = None,
+        "that trigger it most.", show_default=False)] = None
+    data: Dataset = group(Dataset)
+    n_examples: Annotated[int, typer.Option(help="Trigger contexts per neuron.")] = 5
+    target: TargetOpt = None
     contrast: Annotated[str | None, typer.Option(
-        help="Follow the logit difference target - contrast.", show_default=False)] = None,
-    position: Annotated[int, typer.Option(help="Token index; negative counts from the end.")
-                        ] = -1,
+        help="Follow the logit difference target - contrast.", show_default=False)] = None
+    position: PositionOpt = -1
     n_layers: Annotated[int, typer.Option(help="MLP layers shown: those writing most "
-                                          "toward the target.")] = 3,
-    per_layer: Annotated[int, typer.Option(help="Neurons per layer.")] = 5,
+                                          "toward the target.")] = 3
+    per_layer: Annotated[int, typer.Option(help="Neurons per layer.")] = 5
     top_k: Annotated[int, typer.Option(help="Tokens a neuron's write promotes and "
-                                       "suppresses.")] = 5,
+                                       "suppresses.")] = 5
     method: Annotated[str, typer.Option(help="How the chosen neurons are removed for the "
-                                        "check: zero, or mean (over the prompt).")] = "zero",
-    prepend_bos: Annotated[bool, flag(help="Prepend BOS (see --bos-token).")] = True,
-    bos_token: BosTokenOpt = None,
-    model: ModelOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = Dtype.float32,
-    allow_pickle: PickleOpt = False,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+                                        "check: zero, or mean (over the prompt).")] = "zero"
+    prepend_bos: PromptBosOpt = True
+    bos_token: BosTokenOpt = None
+    load: Load = group(Load)
+    out: Output = group(Output)
+
+    def check(self) -> None:
+        at_least(1, n_layers=self.n_layers, per_layer=self.per_layer, top_k=self.top_k,
+                 n_examples=self.n_examples)
+        if self.method not in ("zero", "mean"):
+            raise BadValue(f"`method` must be zero or mean (got {self.method!r})")
+
+    def position_in(self, n: int) -> int:
+        return pick_positions(n, self.position, False)[0]
+
+    def corpus(self):
+        """The keys' corpus (--text or --dataset), or None."""
+        if self.text is None and self.data.dataset is None:
+            return None
+        return self.data.source(self.text, prepend_bos=self.prepend_bos)
+
+
+@command
+def mlp_memory(o: MlpMemory) -> None:
     """The MLP as a key-value memory (Geva et al.): the neurons whose activation x value
     adds most to the target's logit, what their writes promote, and what removing them does.
 
     Example: blockscope mlp-memory "The capital of France is" --target " Paris"
     """
-    from blockscope.experiments import logit_lens
     from blockscope.experiments import mlp_memory as experiment
-    from blockscope.inputs.text import tokenize
-    from blockscope.model.loading import spec_for
-    from blockscope.results.files import check_out_dir, sidecar
 
     started = time.perf_counter()
-    for name, value in (("--n-layers", n_layers), ("--per-layer", per_layer),
-                        ("--top-k", top_k), ("--n-examples", n_examples)):
-        if value < 1:
-            raise BlockscopeError(f"{name} must be at least 1 (got {value})")
-    if method not in ("zero", "mean"):
-        raise BlockscopeError(f"--method must be zero or mean (got {method!r})")
-    text_, source = prompt_text(prompt, None)
-    spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
-    out_path = check_out_dir(out_dir)
-    early = early_tokens(spec, text_, prepend_bos)
-    if early is not None:
-        pick_positions(early.shape[-1], position, False)
-    run = None
-    if text is not None or dataset is not None:  # the keys' corpus, read once loaded
-        from blockscope.cli.data import corpus_run, source_of
+    from blockscope.inputs.text import read_passage
 
-        corpus = source_of(text=text, dataset=dataset, config=config, split=split,
-                           column=column, revision=None, n_tokens=n_tokens, n_docs=n_docs,
-                           shuffle=False, seed=0, prepend_bos=prepend_bos, max_tokens=None)
-        run = corpus_run(corpus, model, device=device, dtype=dtype.value, stride=None,
-                         out_dir=out_dir, allow_pickle=allow_pickle, quiet=quiet,
-                         bos_token=bos_token)
-    lm = run.model if run is not None else load(spec, allow_pickle, quiet)
-    tokens = tokenize(lm.tokenizer, text_, prepend_bos=prepend_bos)
-    (pos,) = pick_positions(tokens.shape[-1], position, False)
-    if target is None:
-        wanted = int(logit_lens.lens(lm, tokens, positions=[pos], k=1)["target_id"].iloc[-1])
-    else:
-        wanted = logit_lens.target_id(lm.tokenizer, target)
-    against = None if contrast is None else logit_lens.target_id(lm.tokenizer, contrast,
-                                                                  "--contrast")
+    corpus, docs = o.corpus(), None
+    passage = read_passage(o.text) if o.text is not None else None  # refused before the load
+    run = prompt_run(Prompt(o.prompt), o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
+                     bos_token=o.bos_token, check_length=o.position_in)
+    lm, tokens, spec = run.model, run.tokens, run.spec
+    if corpus is not None:
+        docs = read_keys_corpus(corpus, passage, lm, o.out.quiet)
+    pos = o.position_in(tokens.shape[-1])
+    wanted, against = targets(o, lm, tokens, pos)
     layers, df = experiment.neurons(lm, tokens, position=pos, target=wanted, contrast=against,
-                                    n_layers=n_layers, per_layer=per_layer, k=top_k,
-                                    method=method)
+                                    n_layers=o.n_layers, per_layer=o.per_layer, k=o.top_k,
+                                    method=o.method)
     label = lm.tokenizer.decode([wanted])
-    keys = None
-    if run is not None:
-        picks = [(int(r.layer), int(r.neuron), 1.0 if r.activation >= 0 else -1.0)
-                 for r in df.itertuples()]
-        keys = experiment.triggers(lm, run.docs, picks, n_examples=n_examples)
-    if not quiet:
+    keys = None if docs is None else experiment.triggers(
+        lm, docs, [(int(r.layer), int(r.neuron), 1.0 if r.activation >= 0 else -1.0)
+                   for r in df.itertuples()], n_examples=o.n_examples)
+    if not o.out.quiet:
         render(layers, df, spec.label, label, keys)
-    meta = sidecar(command="mlp-memory", model=model_record(spec, lm), text=source,
-                   tokens=tokens[0].tolist(), prepend_bos=prepend_bos, position=pos,
-                   target=label, contrast=contrast, removal=df.attrs,
-                   keys=None if run is None else {
-                       "corpus": run.docs.record, "n_examples": n_examples,
-                       "read": "every document's tokens but its first, each position once, "
-                       "ranked by activation x the sign it has on the prompt"},
-                   contribution="activation x the value's direct logit, through the final "
-                   "norm with its scale frozen at the clean pass (as logit-lens)",
-                   dtype=spec.dtype, device=spec.device,
-                   wall_time_s=round(time.perf_counter() - started, 3))
+    meta = run.meta("mlp-memory", o.prepend_bos, started, position=pos, target=label,
+                    contrast=o.contrast, removal=df.attrs, keys=None if docs is None else {
+                        "corpus": docs.record, "n_examples": o.n_examples, "read": KEYS_READ},
+                    contribution=experiment.CONTRIBUTION)
     frames = {"": df, "-layers": layers, **({} if keys is None else {"-keys": keys})}
     stem = f"mlp-memory-{spec.slug}"
     extra = {}
-    if plot:
+    if o.out.plot:
         from blockscope.results.mlp_plots import memory_plot
 
         extra[f"{stem}.png"] = memory_plot(df, keys, f"{spec.label}: the MLP neurons writing "
-                                           f"{label!r} on {prompt!r}")
-    write(out_path, stem, frames, meta, quiet, extra=extra)
+                                           f"{label!r} on {o.prompt!r}")
+    write(o, stem, frames, meta, extra=extra)
+
+
+def targets(o: MlpMemory, lm, tokens, pos: int) -> tuple[int, int | None]:
+    """The target token (the model's own top-1 when not given) and the contrast's, if any."""
+    from blockscope.experiments import logit_lens
+
+    if o.target is None:
+        wanted = int(logit_lens.lens(lm, tokens, positions=[pos], k=1)["target_id"].iloc[-1])
+    else:
+        wanted = logit_lens.target_id(lm.tokenizer, o.target)
+    return wanted, (None if o.contrast is None
+                    else logit_lens.target_id(lm.tokenizer, o.contrast, "contrast"))
+
+
+def read_keys_corpus(source, passage, lm, quiet: bool):
+    """The keys' corpus as `corpus.Docs` (the --text `passage`, or the --dataset), read
+    with the loaded model's tokenizer."""
+    from blockscope.cli.common import err, status
+    from blockscope.inputs.corpus import load_docs, passage_docs
+    from blockscope.inputs.parallel import Comm
+
+    if passage is not None:
+        docs = passage_docs(passage, lm.tokenizer, source, Comm())
+    else:
+        with status(f"reading {source.dataset}", quiet):
+            docs = load_docs(source, lm.tokenizer, Comm())
+    if not quiet:
+        n, d = docs.record["n_tokens"], docs.record.get("n_docs", 1)
+        err.print(f"keys read in {n:,} tokens of {passage.path.name if passage else source.dataset}"
+                  f"{f' ({d:,} documents)' if d > 1 else ''}", highlight=False, soft_wrap=True)
+    return docs
 
 
 def render(layers, df, label: str, target: str, keys=None) -> None:

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import (
-    NoOverwriteOpt,
-    OutDirOpt,
-    PlotOpt,
-    QuietOpt,
-    TextFileOpt,
-    app,
-    err,
-    handled,
-    out,
-    status,
-)
+from blockscope.cli.common import command, err, out, status
+from blockscope.cli.options import Options, Output, at_least, group
 from blockscope.cli.output import write
+from blockscope.cli.text_options import TextFileOpt
 from blockscope.errors import BlockscopeError
 
 
@@ -35,125 +26,123 @@ def _int(help_text: str):
     return Annotated[int | None, typer.Option(help=help_text)]
 
 
-@app.command("norm-placement")
-@handled
-def norm_placement(
+def _opt(kind, help_text: str):
+    return Annotated[kind, typer.Option(help=help_text)]
+
+
+@dataclass
+class NormPlacement(Options):
+    name: ClassVar[str] = "norm-placement"
     model: Annotated[str, typer.Option(
         help="Sizes of the init stacks: a preset, config.json, checkpoint dir or cached hub "
-        "id. Only its sizes are used; the blocks are GPT-2's.")] = "gpt2",
-    n_layers: _int("Override the config's layer count (init stacks).") = None,
-    d_model: _int("Override the config's d_model (d_mlp becomes 4 d_model).") = None,
-    n_heads: _int("Override the config's head count.") = None,
-    text: TextFileOpt = Path("data/alice.txt"),
-    max_tokens: Annotated[int, typer.Option(
-        help="Tokens of the text the init loss is taken on.")] = 256,
-    tokenizer: Annotated[Tokenizer, typer.Option(
-        help="bytes (256 symbols) or the --model's own tokenizer.")] = Tokenizer.bytes,
-    seeds: Annotated[int, typer.Option(help="Initializations averaged at init.")] = 5,
-    seed: Annotated[int, typer.Option(help="First seed (init seeds: seed, seed+1, ...); "
-                                      "the training seed.")] = 0,
-    train_steps: Annotated[int, typer.Option(help="Steps per training run; 0 skips "
-                                             "training.")] = 300,
-    warmup_steps: Annotated[int, typer.Option(help="Linear warm-up of the runs with "
-                                              "warm-up.")] = 100,
-    lr: Annotated[float, typer.Option(help="Adam's learning rate after warm-up.")] = 3e-3,
-    train_layers: Annotated[int, typer.Option(help="Layers of the trained models.")] = 6,
-    train_d_model: Annotated[int, typer.Option(help="d_model of the trained models.")] = 128,
-    train_heads: Annotated[int, typer.Option(help="Heads of the trained models.")] = 4,
-    batch_size: Annotated[int, typer.Option(help="Sequences per training step.")] = 16,
-    seq_len: Annotated[int, typer.Option(help="Tokens per training sequence.")] = 64,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+        "id. Only its sizes are used; the blocks are GPT-2's.")] = "gpt2"
+    n_layers: _int("Override the config's layer count (init stacks).") = None
+    d_model: _int("Override the config's d_model (d_mlp becomes 4 d_model).") = None
+    n_heads: _int("Override the config's head count.") = None
+    text: TextFileOpt = Path("data/alice.txt")
+    max_tokens: _opt(int, "Tokens of the text the init loss is taken on.") = 256
+    tokenizer: _opt(Tokenizer, "bytes (256 symbols) or the --model's own tokenizer."
+                    ) = Tokenizer.bytes
+    seeds: _opt(int, "Initializations averaged at init.") = 5
+    seed: _opt(int, "First seed (init seeds: seed, seed+1, ...); the training seed.") = 0
+    train_steps: _opt(int, "Steps per training run; 0 skips training.") = 300
+    warmup_steps: _opt(int, "Linear warm-up of the runs with warm-up.") = 100
+    lr: _opt(float, "Adam's learning rate after warm-up.") = 3e-3
+    train_layers: _opt(int, "Layers of the trained models.") = 6
+    train_d_model: _opt(int, "d_model of the trained models.") = 128
+    train_heads: _opt(int, "Heads of the trained models.") = 4
+    batch_size: _opt(int, "Sequences per training step.") = 16
+    seq_len: _opt(int, "Tokens per training sequence.") = 64
+    out: Output = group(Output)
+
+    def check(self) -> None:
+        at_least(1, seeds=self.seeds)
+        at_least(2, max_tokens=self.max_tokens)
+        self.train().check()
+        at_least(1, n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
+                 train_layers=self.train_layers, train_d_model=self.train_d_model,
+                 train_heads=self.train_heads)
+
+    def train(self):
+        from blockscope.experiments.norm_placement import TrainConfig
+
+        return TrainConfig(steps=self.train_steps, warmup_steps=self.warmup_steps, lr=self.lr,
+                           batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed)
+
+
+@command
+def norm_placement(o: NormPlacement) -> None:
     """Pre-norm against post-norm: gradient norms per layer at initialization, and small
     models trained with and without a learning-rate warm-up. No weights are downloaded.
 
     Example: blockscope norm-placement --train-steps 300
     """
     from blockscope.experiments import norm_placement as experiment
-    from blockscope.experiments.norm_stack import StackConfig
     from blockscope.inputs.text import read_passage
-    from blockscope.results.files import check_out_dir, sidecar
     from blockscope.results.render import progress_bar
 
     started = time.perf_counter()
-    if seeds < 1:
-        raise BlockscopeError(f"--seeds must be at least 1 (got {seeds})")
-    if max_tokens < 2:
-        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
-    tc = experiment.TrainConfig(steps=train_steps, warmup_steps=warmup_steps, lr=lr,
-                                batch_size=batch_size, seq_len=seq_len, seed=seed)
-    tc.check()
-    for name, value in (("n-layers", n_layers), ("d-model", d_model), ("n-heads", n_heads),
-                        ("train-layers", train_layers), ("train-d-model", train_d_model),
-                        ("train-heads", train_heads)):
-        if value is not None and value < 1:
-            raise BlockscopeError(f"--{name} must be at least 1 (got {value})")
-    passage = read_passage(text)
-    out_path = check_out_dir(out_dir)
-    config, encode, vocab = _sizes_and_tokens(model, tokenizer)
-    init_cfg = StackConfig.from_hf(config, n_layers=n_layers, d_model=d_model, n_heads=n_heads)
-    experiment.check_sizes(init_cfg, "norm-placement")
-    if tokenizer is Tokenizer.model or init_cfg.d_vocab is None:
-        init_cfg = replace(init_cfg, d_vocab=vocab)
-    init_cfg = replace(init_cfg, n_ctx=min(init_cfg.n_ctx, max_tokens))  # positions used
-    data = encode(passage.text)  # (N,) token ids
-    train_cfg = StackConfig.gpt2_shaped(train_layers, train_d_model, train_heads,
-                                        n_ctx=max(seq_len, 1), d_vocab=vocab)
-    if train_steps:
-        experiment.check_sizes(train_cfg, "norm-placement training")
-        if data.numel() < seq_len + 2:
-            raise BlockscopeError(f"{passage.path}: {data.numel()} tokens, training needs more "
-                                  f"than --seq-len + 1 = {seq_len + 1}")
-    if data.numel() < 2:
-        raise BlockscopeError(f"{passage.path}: gives fewer than 2 tokens")
-
-    total = 4 * seeds + 4 * train_steps  # layouts x inits x seeds, then 4 runs' steps
-    with progress_bar(err, total, "init gradients, then training", not quiet) as tick:
+    tc, passage = o.train(), read_passage(o.text)
+    init_cfg, train_cfg, data = stacks(o, passage)
+    total = 4 * o.seeds + 4 * o.train_steps  # layouts x inits x seeds, then 4 runs' steps
+    with progress_bar(err, total, "init gradients, then training", not o.out.quiet) as tick:
         init, trained, summary, claims = experiment.run_all(
-            init_cfg, train_cfg, data, tc, max_tokens=max_tokens, seeds=seeds,
+            init_cfg, train_cfg, data, tc, max_tokens=o.max_tokens, seeds=o.seeds,
             progress=(tick, tick))
-    finals = experiment.final_losses(trained) if train_steps else None
-    if not quiet:
-        render(summary, finals, claims, warmup_steps)
-    meta = sidecar(
-        command="norm-placement", model=model, tokenizer=tokenizer.value,
-        text={"path": str(passage.path), "sha256": passage.sha256},
-        init_stack=vars(init_cfg), init_tokens=min(max_tokens, init_cfg.n_ctx, data.numel() - 1),
-        seeds=seeds, seed=seed,
-        train_stack=vars(train_cfg), train={**vars(tc), "betas": list(tc.betas)},
-        blocks="GPT-2's (LayerNorm, learned positions, tanh GELU MLP, tied unembedding); "
-               "pre-norm x = x + F(LN(x)) with a final LN, post-norm x = LN(x + F(x)) without",
-        init="N(0, 0.02) for every matrix and embedding, biases 0; scaled: the output "
-             "projections of attention and MLP N(0, 0.02/sqrt(2 n_layers))",
-        grad_norm="Frobenius norm of d(mean next-token loss)/dW at initialization",
-        resid_norm="mean over tokens of |x_t| after the block",
-        training="Adam, constant lr after a linear warm-up from 0; GPT-2's scaled init; "
-                 "the same initial weights and batches for every run; final loss = mean of "
-                 "the last 10% of steps",
-        claims=claims.to_dict(orient="records"),
-        wall_time_s=round(time.perf_counter() - started, 3))
+    finals = experiment.final_losses(trained) if o.train_steps else None
+    if not o.out.quiet:
+        render(summary, finals, claims, o.warmup_steps)
+    meta = experiment.sidecar_record(init_cfg, train_cfg, tc)
+    meta.update(command="norm-placement", model=o.model, tokenizer=o.tokenizer.value,
+                text={"path": str(passage.path), "sha256": passage.sha256},
+                init_tokens=min(o.max_tokens, init_cfg.n_ctx, data.numel() - 1),
+                seeds=o.seeds, seed=o.seed, claims=claims.to_dict(orient="records"),
+                wall_time_s=round(time.perf_counter() - started, 3))
+    from blockscope.results.files import sidecar
+
     extra = {}
-    if plot:
+    if o.out.plot:
         from blockscope.results import plots
 
         extra["norm-placement-init.png"] = plots.norm_init_plot(summary, "gradient norm per "
                                                                 "block at initialization")
-        if train_steps:
+        if o.train_steps:
             extra["norm-placement-train.png"] = plots.norm_train_plot(trained, "training loss")
-    frames = {"-init": init}
-    if train_steps:
-        frames["-train"] = trained
-    write(out_path, "norm-placement", frames, meta, quiet, extra)
+    frames = {"-init": init, **({"-train": trained} if o.train_steps else {})}
+    write(o, "norm-placement", frames, sidecar(**meta), extra)
+
+
+def stacks(o: NormPlacement, passage):
+    """The init stack (the --model's sizes, overridden), the trained stack, and the text's
+    token ids (N,), with sizes and lengths no run can have refused."""
+    from blockscope.experiments import norm_placement as experiment
+    from blockscope.experiments.norm_stack import StackConfig
+
+    config, encode, vocab = _sizes_and_tokens(o.model, o.tokenizer)
+    init_cfg = StackConfig.from_hf(config, n_layers=o.n_layers, d_model=o.d_model,
+                                   n_heads=o.n_heads)
+    experiment.check_sizes(init_cfg, "norm-placement")
+    if o.tokenizer is Tokenizer.model or init_cfg.d_vocab is None:
+        init_cfg = replace(init_cfg, d_vocab=vocab)
+    init_cfg = replace(init_cfg, n_ctx=min(init_cfg.n_ctx, o.max_tokens))  # positions used
+    data = encode(passage.text)  # (N,) token ids
+    train_cfg = StackConfig.gpt2_shaped(o.train_layers, o.train_d_model, o.train_heads,
+                                        n_ctx=max(o.seq_len, 1), d_vocab=vocab)
+    if o.train_steps:
+        experiment.check_sizes(train_cfg, "norm-placement training")
+        if data.numel() < o.seq_len + 2:
+            raise BlockscopeError(f"{passage.path}: {data.numel()} tokens, training needs more "
+                                  f"than --seq-len + 1 = {o.seq_len + 1}")
+    if data.numel() < 2:
+        raise BlockscopeError(f"{passage.path}: gives fewer than 2 tokens")
+    return init_cfg, train_cfg, data
 
 
 def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
     """The --model's config, an encoder text -> (N,) ids, and its vocabulary size."""
     import torch
 
-    from blockscope.model.loading import load_config
+    from blockscope.model.loading import load_config, local_tokenizer
 
     with status(f"reading the config of {model}", False):
         config = load_config(model)
@@ -161,13 +150,7 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
         from blockscope.experiments.norm_placement import byte_ids
 
         return config, byte_ids, 256
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise BlockscopeError(f"--tokenizer model: no tokenizer for {model} here "
-                              f"({str(exc).splitlines()[0]})")
+    tok = local_tokenizer(model)
 
     def encode(s):
         return torch.tensor(tok(s, add_special_tokens=False)["input_ids"], dtype=torch.long)

@@ -1,35 +1,28 @@
 """What every command writes, and under which name: CSV, JSON sidecar and pictures, each
 file named by the command, a readable stem and a digest of the run's settings.
 
-`handled` (common.py) records each command's parsed parameters in `RUN`; the digest, the
---no-overwrite check and `write` read them from there.
+Each reads the command's options (`cli.options`): the digest names their values.
 """
 
 from __future__ import annotations
 
-import contextvars
 from enum import Enum
 from pathlib import Path
 
 from blockscope.errors import BlockscopeError
 
-# The running command's name and parsed parameters (set by `handled`).
-RUN: contextvars.ContextVar[tuple[str, dict] | None] = contextvars.ContextVar("run",
-                                                                             default=None)
-
-
 # Options that change only how results are shown or where they go, never what is measured.
 OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite"}
 
 
-def settings_digest() -> str:
+def settings_digest(o) -> str:
     """8 hex digits naming the running command's settings: every option and argument as
     parsed (defaults included) but the output-only ones, and the content (sha256) of every
     file given. Runs whose settings differ never share a file name; identical ones do."""
     import hashlib
 
-    command, params = RUN.get() or (None, {})
-    record: dict = {"command": command}
+    record: dict = {"command": o.name}
+    params = o.flat()
     for key, value in sorted(params.items()):
         if key in OUTPUT_ONLY:
             continue
@@ -68,35 +61,35 @@ def content_sha256(path: Path) -> str | None:
     return None
 
 
-def digested(name: str, digest: str | None = None) -> str:
+def digested(name: str, digest: str) -> str:
     """`name` with the settings digest before its extension: a-b.csv -> a-b-1f2e3d4c.csv."""
     stem, dot, ext = name.rpartition(".")
-    return f"{stem}-{digest or settings_digest()}.{ext}" if dot else f"{name}-{digest}"
+    return f"{stem}-{digest}.{ext}" if dot else f"{name}-{digest}"
 
 
-def refuse_overwrite() -> None:
+def refuse_overwrite(o) -> None:
     """With --no-overwrite, refuse before any work when this command already wrote results
     of these exact settings into --out-dir (every file it writes starts with its name and
     ends with the digest)."""
-    command, params = RUN.get() or (None, {})
+    params = o.flat()
     if not params.get("no_overwrite"):
         return
     out_dir = Path(params.get("out_dir") or "results").expanduser()
-    found = sorted(out_dir.glob(f"{command}-*-{settings_digest()}.*")) if out_dir.is_dir() \
+    found = sorted(out_dir.glob(f"{o.name}-*-{settings_digest(o)}.*")) if out_dir.is_dir() \
         else []
     if found:
         raise BlockscopeError(f"--no-overwrite: results of these settings exist: {found[0]}")
 
 
-def write(out_dir: Path, stem: str, frames: dict, meta: dict, quiet: bool,
-          extra: dict | None = None) -> list[Path]:
+def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> list[Path]:
     """Write `{suffix: DataFrame}` as `<stem><suffix>-<digest>.csv`, `<stem>-<digest>.json`
     and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
     say so when files of an earlier run with the same settings were replaced."""
     from blockscope.cli.console import err, out
     from blockscope.results.files import write_outputs
 
-    digest = settings_digest()
+    out_dir, quiet = Path(o.out.out_dir).expanduser(), o.out.quiet
+    digest = settings_digest(o)
     files = {digested(f"{stem}{suffix}.csv", digest): df for suffix, df in frames.items()}
     files[digested(f"{stem}.json", digest)] = {**meta, "settings_digest": digest}
     files.update({digested(name, digest): content for name, content in (extra or {}).items()})

@@ -3,28 +3,9 @@ model loads (tokenizer and config.json alone) and after."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 
 from blockscope.errors import BlockscopeError
-
-
-def prompt_text(prompt: str | None, text_file: Path | None) -> tuple[str, dict]:
-    """The prompt from the argument or --text, and how to record where it came from."""
-    from blockscope.inputs.text import as_prompt, read_passage
-
-    if prompt is None and text_file is None:
-        raise BlockscopeError("give the prompt as an argument or with --text FILE")
-    if prompt is not None and text_file is not None:
-        raise BlockscopeError("give the prompt as an argument or with --text FILE, not both")
-    if text_file is not None:
-        passage = read_passage(text_file)
-        text, stripped = as_prompt(passage.text)
-        if not text.strip():
-            raise BlockscopeError(f"--text {passage.path}: the prompt is empty")
-        return text, {"path": str(passage.path), "sha256": passage.sha256, "stripped": stripped}
-    if not prompt.strip():
-        raise BlockscopeError("the prompt is empty")
-    return prompt, {"prompt": prompt}
 
 
 def early_tokens(spec, text: str, prepend_bos: bool):
@@ -60,3 +41,54 @@ def pick_positions(n: int, position: int, every: bool) -> list[int]:
         return list(range(n))
     check_positions([position], n)
     return [position % n]
+
+
+@dataclass
+class PromptRun:
+    """What the prompt commands share: the prompt, the loaded model and its tokens."""
+
+    text: str  # the prompt
+    source: dict  # where it came from, for the sidecar
+    spec: object  # loading.ModelSpec
+    model: object  # TransformerBridge
+    tokens: object  # (1, pos) token ids, BOS as asked
+
+    def shown(self, width: int = 40) -> str:
+        """The prompt cut to `width` characters, for a picture's title."""
+        return self.text if len(self.text) <= width else self.text[: width - 3] + "..."
+
+    def meta(self, command: str, prepend_bos: bool, started: float, **more) -> dict:
+        """The sidecar fields every prompt command records, plus `more`."""
+        import time
+
+        from blockscope.cli.common import model_record
+        from blockscope.results.files import sidecar
+
+        return sidecar(command=command, **more, model=model_record(self.spec, self.model),
+                       text=self.source, n_tokens=int(self.tokens.shape[-1]),
+                       tokens=self.tokens[0].tolist(), prepend_bos=prepend_bos,
+                       dtype=self.spec.dtype, device=self.spec.device,
+                       wall_time_s=round(time.perf_counter() - started, 3))
+
+
+def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str | None = None,
+               processed: bool = False, check=None, check_length=None) -> PromptRun:
+    """Read the prompt (`options.Prompt`), refuse what its tokens or the config rule out
+    before the model loads (`check(sizes)`, `check_length(n_tokens)`), load it as `load`
+    (`options.Load`) says and tokenize the prompt."""
+    from blockscope.cli.common import checked_load
+    from blockscope.inputs.text import tokenize
+    from blockscope.model.loading import spec_for
+
+    text, source = prompt.read()
+    spec = spec_for(load.model, device=load.device, dtype=load.dtype.value,
+                    processed=processed, bos_token=bos_token)
+    early = early_tokens(spec, text, prepend_bos)
+    if early is not None and check_length is not None:
+        check_length(early.shape[-1])
+    lm = checked_load(spec, load.allow_pickle, quiet, check)
+    tokens = tokenize(lm.tokenizer, text, prepend_bos=prepend_bos)
+    check_context(tokens, lm)
+    if check_length is not None:
+        check_length(tokens.shape[-1])
+    return PromptRun(text, source, spec, lm, tokens)

@@ -5,67 +5,55 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import (
-    BosTokenOpt,
-    DeviceOpt,
-    Dtype,
-    DtypeOpt,
-    ModelOpt,
-    NoOverwriteOpt,
-    OutDirOpt,
-    PickleOpt,
-    PlotOpt,
-    PromptArg,
-    PromptFileOpt,
-    QuietOpt,
-    TextFileOpt,
-    app,
-    checked_load,
-    comma_list,
-    early_tokens,
-    err,
-    flag,
-    handled,
-    model_record,
-    out,
-    prompt_text,
-    sizes_of,
-)
+from blockscope.cli.common import command, err, out
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, comma_list, flag, group
 from blockscope.cli.output import write
-from blockscope.errors import BlockscopeError
+from blockscope.cli.prompts import prompt_run
+from blockscope.cli.text_options import Prompt, TextFileOpt
+from blockscope.errors import BadValue
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
                                           "TransformerLens does by default.")]
 
 
-@app.command("head-roles")
-@handled
-def head_roles(
-    text: TextFileOpt = Path("data/alice.txt"),
-    model: ModelOpt = None,
+@dataclass
+class HeadRoles(Options):
+    name: ClassVar[str] = "head-roles"
+    text: TextFileOpt = Path("data/alice.txt")
+    load: Load = group(Load)
     max_tokens: Annotated[int | None, typer.Option(
         help="Text tokens for the previous-token score (default 200, or what the model's "
-        "context holds after BOS).", show_default=False)] = None,
+        "context holds after BOS).", show_default=False)] = None
     n_random: Annotated[int, typer.Option(help="Random tokens, repeated once, for the "
-                                          "duplicate-token and induction scores.")] = 50,
-    seed: Annotated[int, typer.Option(help="Seed of the random tokens.")] = 0,
-    bos_token: BosTokenOpt = None,
+                                          "duplicate-token and induction scores.")] = 50
+    seed: Annotated[int, typer.Option(help="Seed of the random tokens.")] = 0
+    bos_token: BosTokenOpt = None
     from_prune_heads: Annotated[Path | None, typer.Option(
         help="A prune-heads CSV to join (default: the one for this model and text in "
-        "--out-dir, if there).")] = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = Dtype.float32,
-    allow_pickle: PickleOpt = False,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+        "--out-dir, if there).")] = None
+    out: Output = group(Output)
+
+    def check(self) -> None:
+        if self.n_random < 2:
+            raise BadValue(f"`n_random` must be at least 2 (got {self.n_random})")
+        if self.from_prune_heads is not None and not self.from_prune_heads.is_file():
+            raise BadValue(f"`from_prune_heads` {self.from_prune_heads}: no such file")
+
+    def check_sizes(self, sizes: dict) -> None:
+        top = (sizes["n_ctx"] - 1) // 2  # BOS + twice the random tokens must fit
+        if self.n_random > top:
+            raise BadValue(f"`n_random` must be between 2 and half the context ({top}), got "
+                           f"{self.n_random}")
+
+
+@command
+def head_roles(o: HeadRoles) -> None:
     """Score every head as previous-token, duplicate-token and induction head
     (TransformerLens's head detector, "mul" measure), beside prune-heads' importance.
 
@@ -73,62 +61,53 @@ def head_roles(
     """
     import pandas as pd
 
-    from blockscope.experiments import head_roles as experiment
-
-    started = time.perf_counter()
-    if n_random < 2:
-        raise BlockscopeError(f"--n-random must be at least 2 (got {n_random})")
-    if from_prune_heads is not None and not from_prune_heads.is_file():
-        raise BlockscopeError(f"--from-prune-heads {from_prune_heads}: no such file")
-    def check(sizes):
-        top = (sizes["n_ctx"] - 1) // 2  # BOS + twice the random tokens must fit
-        if n_random > top:
-            raise BlockscopeError(f"--n-random must be between 2 and half the context "
-                                  f"({top}), got {n_random}")
-
     from blockscope.cli.data import corpus_run
+    from blockscope.experiments import head_roles as experiment
     from blockscope.inputs.corpus import Source
 
-    run = corpus_run(Source(text=text, max_tokens=max_tokens or 200), model, device=device,
-                     dtype=dtype.value, stride=None, out_dir=out_dir,
-                     allow_pickle=allow_pickle, quiet=quiet, check=check,
-                     bos_token=bos_token)
-    lm, spec = run.model, run.spec
-    tokens = run.tokens
-    if tokens.shape[-1] > lm.cfg.n_ctx:
-        if max_tokens is not None:
-            raise BlockscopeError(f"{tokens.shape[-1]} tokens, the model's context is "
-                                  f"{lm.cfg.n_ctx:,}: lower --max-tokens")
-        tokens = tokens[:, : lm.cfg.n_ctx]  # the default, cut to what the context holds
-        if not quiet:
-            err.print(f"note: the previous-token score uses the first {lm.cfg.n_ctx:,} "
-                      "tokens (the model's context)", highlight=False, soft_wrap=True)
-    random_ids = experiment.repeated_random(lm, n_random, seed)
-    joined = _prune_heads_csv(from_prune_heads, out_dir, spec, run.passage)  # before work
+    started = time.perf_counter()
+    run = corpus_run(Source(text=o.text, max_tokens=o.max_tokens or 200), o.load,
+                     quiet=o.out.quiet, check=o.check_all_sizes, bos_token=o.bos_token)
+    lm, spec, tokens = run.model, run.spec, context_tokens(o, run)
+    random_ids = experiment.repeated_random(lm, o.n_random, o.seed)
+    joined = _prune_heads_csv(o.from_prune_heads, o.out.out_dir, spec, run.passage)
     df = experiment.role_scores(lm, tokens, random_ids)
     corr = None
     if joined is not None:
         df, corr = experiment.join_importance(df, pd.read_csv(joined))
     tops = {role: experiment.top_heads(df, role) for role in experiment.ROLES}
-    if not quiet:
+    if not o.out.quiet:
         render_roles(tops, corr, spec.label)
     meta = run.meta(
-        "head-roles", measure="mul: attention mass on the detection pattern / total mass "
-        "(transformer_lens.head_detector), exclude_bos=False, exclude_current_token=False",
+        "head-roles", measure=experiment.MEASURE, n_random=o.n_random, seed=o.seed,
         sequences={"previous_token": tokens[0].tolist(),
                    "duplicate_token and induction": random_ids[0].tolist()},
-        n_random=n_random, seed=seed, joined_prune_heads=None if joined is None else str(joined),
-        spearman=corr, top5={r: [f"{layer}.{head}" for layer, head, _ in t]
-                             for r, t in tops.items()},
+        joined_prune_heads=None if joined is None else str(joined), spearman=corr,
+        top5={r: [f"{layer}.{head}" for layer, head, _ in t] for r, t in tops.items()},
         wall_time_s=round(time.perf_counter() - started, 3))
     stem = f"head-roles-{spec.slug}-{run.passage.path.stem}"
     extra = {}
-    if plot:
+    if o.out.plot:
         from blockscope.results.plots import head_roles_plot
 
         extra[f"{stem}.png"] = head_roles_plot(df, experiment.ROLES, lm.cfg.n_layers,
                                                lm.cfg.n_heads, f"{spec.label}: head roles")
-    write(run.out_dir, stem, {"": df}, meta, quiet, extra)
+    write(o, stem, {"": df}, meta, extra)
+
+
+def context_tokens(o: HeadRoles, run):
+    """The passage's tokens for the previous-token score: the default cut to the context,
+    a --max-tokens past it refused."""
+    tokens, n_ctx = run.tokens, run.model.cfg.n_ctx
+    if tokens.shape[-1] <= n_ctx:
+        return tokens
+    if o.max_tokens is not None:
+        raise BadValue(f"{tokens.shape[-1]} tokens, the model's context is {n_ctx:,}: lower "
+                       "`max_tokens`")
+    if not o.out.quiet:
+        err.print(f"note: the previous-token score uses the first {n_ctx:,} tokens (the "
+                  "model's context)", highlight=False, soft_wrap=True)
+    return tokens[:, :n_ctx]
 
 
 def _prune_heads_csv(explicit: Path | None, out_dir: Path, spec, passage) -> Path | None:
@@ -139,8 +118,8 @@ def _prune_heads_csv(explicit: Path | None, out_dir: Path, spec, passage) -> Pat
     if explicit is not None:
         if _same_run(explicit, spec, passage):
             return explicit
-        raise BlockscopeError(f"--from-prune-heads {explicit} was not made with {spec.name} "
-                              f"on {passage.path.name} (by its sidecar)")
+        raise BadValue(f"`from_prune_heads` {explicit} was not made with {spec.name} on "
+                       f"{passage.path.name} (by its sidecar)")
     name = re.compile(re.escape(f"prune-heads-{spec.slug}-{passage.path.stem}")
                       + r"(-mean)?-[0-9a-f]{8}\.csv")
     found = [p for p in Path(out_dir).glob("prune-heads-*.csv") if name.fullmatch(p.name)]
@@ -175,71 +154,63 @@ def render_roles(tops: dict, corr: dict | None, name: str) -> None:
             f"{k} {v:+.2f}" for k, v in corr.items()), highlight=False, soft_wrap=True)
 
 
-@app.command()
-@handled
-def attention(
-    prompt: PromptArg = None,
-    text: PromptFileOpt = None,
-    model: ModelOpt = None,
-    layer: Annotated[str, typer.Option(help="Layers, e.g. 0 or 0,5 (0-based).")] = "0",
-    head: Annotated[str | None, typer.Option(help="Heads, e.g. 1,7 (default: all).")] = None,
-    prepend_bos: AttnBosOpt = True,
-    bos_token: BosTokenOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = Dtype.float32,
-    allow_pickle: PickleOpt = False,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+@dataclass
+class Attention(Options):
+    name: ClassVar[str] = "attention"
+    prompt: Prompt = group(Prompt)
+    load: Load = group(Load)
+    layer: Annotated[str, typer.Option(help="Layers, e.g. 0 or 0,5 (0-based).")] = "0"
+    head: Annotated[str | None, typer.Option(help="Heads, e.g. 1,7 (default: all).")] = None
+    prepend_bos: AttnBosOpt = True
+    bos_token: BosTokenOpt = None
+    out: Output = group(Output)
+
+    @property
+    def layers(self) -> list[int]:
+        return comma_list(self.layer, "layer", int) or []
+
+    def check(self) -> None:
+        if not self.layers:
+            raise BadValue("`layer` needs at least one layer")
+        comma_list(self.head, "head", int)
+
+    def check_sizes(self, sizes: dict) -> None:
+        from blockscope.experiments.attention import check_heads
+
+        check_heads(sizes, self.layers, comma_list(self.head, "head", int))
+
+
+@command
+def attention(o: Attention) -> None:
     """The attention patterns of chosen heads on a prompt: a heatmap grid, each query's
     top-3 keys, and a long CSV.
 
     Example: blockscope attention "The capital of France is" --layer 5 --head 1,5
     """
+    from blockscope.cli.common import sizes_of
     from blockscope.experiments import attention as experiment
-    from blockscope.inputs.text import tokenize
-    from blockscope.model.loading import spec_for
-    from blockscope.results.files import check_out_dir
 
     started = time.perf_counter()
-    layers = comma_list(layer, "layer", int) or []
-    if not layers:
-        raise BlockscopeError("--layer needs at least one layer")
-    heads = comma_list(head, "head", int)
-    prompt_str, source = prompt_text(prompt, text)
-    spec = spec_for(model, device=device, dtype=dtype.value, bos_token=bos_token)
-    out_path = check_out_dir(out_dir)
-    early_tokens(spec, prompt_str, prepend_bos)
-    lm = checked_load(spec, allow_pickle, quiet,
-                      lambda sizes: experiment.check_heads(sizes, layers, heads))
-    heads = experiment.check_heads(sizes_of(lm), layers, heads)
-    tokens = tokenize(lm.tokenizer, prompt_str, prepend_bos=prepend_bos)
-    if tokens.shape[-1] > lm.cfg.n_ctx:
-        raise BlockscopeError(f"{tokens.shape[-1]} tokens, the model's context is "
-                              f"{lm.cfg.n_ctx:,}")
-    df = experiment.attention_table(lm, tokens, layers=layers, heads=heads)
-    if not quiet:
+    run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
+                     bos_token=o.bos_token, check=o.check_all_sizes)
+    layers, tokens, spec = o.layers, run.tokens, run.spec
+    heads = experiment.check_heads(sizes_of(run.model), layers,
+                                   comma_list(o.head, "head", int))
+    df = experiment.attention_table(run.model, tokens, layers=layers, heads=heads)
+    if not o.out.quiet:
         render_attention(df, experiment, spec.label)
-    meta = {"command": "attention", "model": model_record(spec, lm), "text": source,
-            "tokens": tokens[0].tolist(), "prepend_bos": prepend_bos, "layers": layers,
-            "heads": heads, "dtype": spec.dtype, "device": spec.device,
-            "read_at": "blocks.<layer>.attn.hook_pattern (each query head's own pattern)",
-            "wall_time_s": round(time.perf_counter() - started, 3)}
-    from blockscope.results.files import sidecar
-
-    meta = sidecar(**meta)
+    meta = run.meta("attention", o.prepend_bos, started, layers=layers, heads=heads,
+                    read_at="blocks.<layer>.attn.hook_pattern (each query head's own pattern)")
     digest = hashlib.sha256(json.dumps([tokens[0].tolist(), layers, heads],
-                                    allow_nan=False).encode())
+                                       allow_nan=False).encode())
     stem = f"attention-{spec.slug}-{digest.hexdigest()[:8]}"
     extra = {}
-    if plot:
+    if o.out.plot:
         from blockscope.results.plots import attention_plot
 
-        extra[f"{stem}.png"] = attention_plot(df, f"{spec.label}: attention on {prompt_str!r}"
+        extra[f"{stem}.png"] = attention_plot(df, f"{spec.label}: attention on {run.text!r}"
                                               [:120])
-    write(out_path, stem, {"": df}, meta, quiet, extra)
+    write(o, stem, {"": df}, meta, extra)
 
 
 def render_attention(df, experiment, name: str) -> None:

@@ -3,45 +3,38 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import (
-    NoOverwriteOpt,
-    OutDirOpt,
-    PlotOpt,
-    QuietOpt,
-    app,
-    comma_list,
-    handled,
-    out,
-)
+from blockscope.cli.common import command, out
+from blockscope.cli.options import Options, Output, Written, comma_list, group
 from blockscope.cli.output import write
 
 
-@app.command()
-@handled
-def params(
-    model: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--model", "-m", metavar="MODEL",
-            help="A preset (gpt2, gpt3-175b, llama-3.1-8b), a config.json, a checkpoint "
-            "directory or a cached hub id. Repeat to compare models.",
-        ),
-    ] = None,
-    n_heads: Annotated[
-        int | None, typer.Option(help="Rebuild the model with this many heads, to see that "
-                                 "splitting d_model into more or fewer heads leaves every "
-                                 "parameter count as it was.")
-    ] = None,
-    out_dir: OutDirOpt = Path("results"),
-    plot: PlotOpt = True,
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+@dataclass
+class Params(Options):
+    name: ClassVar[str] = "params"
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", "-m", metavar="MODEL",
+        help="A preset (gpt2, gpt3-175b, llama-3.1-8b), a config.json, a checkpoint directory "
+        "or a cached hub id. Repeat to compare models.")] = None
+    n_heads: Annotated[int | None, typer.Option(
+        help="Rebuild the model with this many heads, to see that splitting d_model into more "
+        "or fewer heads leaves every parameter count as it was.")] = None
+    out: Output = group(Output)
+
+    @property
+    def short(self) -> dict[str, str]:
+        """Each model as its file or folder name, for file names and the picture."""
+        return {n: Path(n).stem if Path(n).suffix == ".json" else Path(n).name
+                for n in self.model or ["gpt2"]}
+
+
+@command
+def params(o: Params) -> None:
     """Where the parameters live: embeddings, attention, MLP, norms; per block and in all.
 
     Counted from the real module shapes of a model built on the meta device (no weights).
@@ -51,17 +44,15 @@ def params(
 
     from blockscope.experiments.params import parameter_counts
     from blockscope.model.loading import load_config
-    from blockscope.results.files import check_out_dir, sidecar
+    from blockscope.results.files import sidecar
     from blockscope.results.render import table
 
-    started = time.perf_counter()
-    names = model or ["gpt2"]
-    out_path = check_out_dir(out_dir)
+    started, names, n_heads = time.perf_counter(), list(o.short), o.n_heads
     frames = []
     for name in names:
         df = parameter_counts(load_config(name), n_heads=n_heads)
         frames.append(df.assign(model=name))
-        if not quiet:
+        if not o.out.quiet:
             out.print(table(df, {"component": ("component", "s"), "scope": ("scope", "s"),
                                  "parameters": ("parameters", ",d"),
                                  "share_of_block": ("of block", ".1%"),
@@ -74,53 +65,57 @@ def params(
                    method="named_parameters() of the model built from its config on the meta "
                    "device; tied parameters counted once",
                    wall_time_s=round(time.perf_counter() - started, 3))
-    short = {n: Path(n).stem if Path(n).suffix == ".json" else Path(n).name for n in names}
-    stem = f"params-{'-'.join(short.values())}{f'-{n_heads}heads' if n_heads else ''}"
+    stem = f"params-{'-'.join(o.short.values())}{f'-{n_heads}heads' if n_heads else ''}"
     extra = {}
-    if plot:  # a checkpoint's folder name, not its whole path, under its bar
+    if o.out.plot:  # a checkpoint's folder name, not its whole path, under its bar
         from blockscope.results.plots import params_plot
 
-        extra[f"{stem}.png"] = params_plot(df.assign(model=df["model"].map(short)),
+        extra[f"{stem}.png"] = params_plot(df.assign(model=df["model"].map(o.short)),
                                            "where the parameters live: "
-                                           + ", ".join(short.values()))
-    write(out_path, stem, {"": df}, meta, quiet, extra=extra)
+                                           + ", ".join(o.short.values()))
+    write(o, stem, {"": df}, meta, extra=extra)
 
 
-@app.command()
-@handled
-def layernorm(
-    values: Annotated[list[float], typer.Argument(help="The numbers to normalize (at least 2).")],
+@dataclass
+class LayerNorm(Options):
+    name: ClassVar[str] = "layernorm"
+    values: Annotated[list[float], typer.Argument(help="The numbers to normalize (at least 2).")]
     gain: Annotated[str | None, typer.Option(help="Gain: one number or one per input, "
-                                             "comma-separated.")] = None,
-    bias: Annotated[str | None, typer.Option(help="Bias, like --gain.")] = None,
-    eps: Annotated[float, typer.Option(help="Added to the variance (GPT-2: 1e-5).")] = 1e-5,
-    out_dir: OutDirOpt = Path("results"),
-    quiet: QuietOpt = False,
-    no_overwrite: NoOverwriteOpt = False,
-) -> None:
+                                             "comma-separated.")] = None
+    bias: Annotated[str | None, typer.Option(help="Bias, like --gain.")] = None
+    eps: Annotated[float, typer.Option(help="Added to the variance (GPT-2: 1e-5).")] = 1e-5
+    out: Written = group(Written)
+
+    def check(self) -> None:
+        comma_list(self.gain, "gain"), comma_list(self.bias, "bias")
+
+
+@command
+def layernorm(o: LayerNorm) -> None:
     """Layer normalization worked step by step, checked against torch's layer_norm.
 
     Example: blockscope layernorm 2 4 6 8   (options first, then -- before negatives: -- -1 2 3)
     """
     from blockscope.experiments.layernorm import layer_norm_steps
-    from blockscope.results.files import check_out_dir, sidecar
+    from blockscope.results.files import sidecar
     from blockscope.results.render import fmt
 
-    out_path = check_out_dir(out_dir)
-    df = layer_norm_steps(values, gain=comma_list(gain, "gain"), bias=comma_list(bias, "bias"),
-                          eps=eps)
-    if not quiet:
+    values = o.values
+    df = layer_norm_steps(values, gain=comma_list(o.gain, "gain"),
+                          bias=comma_list(o.bias, "bias"), eps=o.eps)
+    if not o.out.quiet:
         from rich.table import Table
 
-        t = Table(title=f"layer norm of {', '.join(fmt(v, 'g') for v in values)} (eps {eps:g})")
+        t = Table(title=f"layer norm of {', '.join(fmt(v, 'g') for v in values)} (eps "
+                  f"{o.eps:g})")
         t.add_column("step", overflow="fold")
         t.add_column("value", justify="right", overflow="fold")
-        for step, group in df.groupby("step", sort=False):
+        for step, group_ in df.groupby("step", sort=False):
             vals = [fmt(v, ".3f") if step != "max abs difference" else fmt(v, ".1e")
-                    for v in group["value"]]
+                    for v in group_["value"]]
             t.add_row(step, ", ".join(vals) if len(vals) == 1 else "[" + ", ".join(vals) + "]")
         out.print(t)
-    meta = sidecar(command="layernorm", values=values, gain=gain, bias=bias, eps=eps,
+    meta = sidecar(command="layernorm", values=values, gain=o.gain, bias=o.bias, eps=o.eps,
                    variance="population (divide by n)", std="sqrt(variance + eps)")
     stem = "layernorm-" + "_".join(fmt(v, "g") for v in values)
-    write(out_path, stem[:120], {"": df}, meta, quiet)
+    write(o, stem[:120], {"": df}, meta)

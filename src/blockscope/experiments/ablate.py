@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity, spearman
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import intervention
@@ -52,9 +52,9 @@ def block_ablation(
         batch_size: variants per batch for the cached engine (default: by memory).
     """
     if part not in PARTS:
-        raise BlockscopeError(f"--part must be one of {', '.join(PARTS)}")
+        raise BadValue(f"`part` must be one of {', '.join(PARTS)}")
     if method not in METHODS:
-        raise BlockscopeError(f"--method must be one of {', '.join(METHODS)}")
+        raise BadValue(f"`method` must be one of {', '.join(METHODS)}")
     plan.check_engine(engine)
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
@@ -89,3 +89,12 @@ def metric_correlations(df: pd.DataFrame) -> dict[str, float]:
     """Spearman correlation of each cheap metric with the perplexity increase, over blocks."""
     rows = df.iloc[1:]
     return {m: spearman(rows[m], rows["delta"]) for m in ("block_influence", "angular_distance")}
+
+
+def metrics_meaning(part: str) -> str:
+    """What the block-influence and angular-distance columns measure, for the sidecar."""
+    return ("cosine of each block's input and output" if part == "block" else
+            f"cosine of what the {part} half reads and the stream after its write (input + "
+            "the half's write)") + (
+        " per token (all but the first token of each document): block_influence = 1 - mean "
+        "cos (ShortGPT), angular_distance = mean arccos(cos)/pi (Gromov et al.)")

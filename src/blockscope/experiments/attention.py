@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 from blockscope.experiments.head_roles import patterns
 from blockscope.inputs.text import token_text, visible
 
@@ -18,11 +18,11 @@ def check_heads(sizes: dict, layers: Sequence[int], heads: Sequence[int] | None)
     n_layers, n_heads = sizes["n_layers"], sizes["n_heads"]
     for layer in layers:
         if not 0 <= layer < n_layers:
-            raise BlockscopeError(f"--layer {layer} is out of range: 0 to {n_layers - 1}")
+            raise BadValue(f"`layer` {layer} is out of range: 0 to {n_layers - 1}")
     heads = list(range(n_heads)) if heads is None else list(heads)
     for head in heads:
         if not 0 <= head < n_heads:
-            raise BlockscopeError(f"--head {head} is out of range: 0 to {n_heads - 1}")
+            raise BadValue(f"`head` {head} is out of range: 0 to {n_heads - 1}")
     return heads
 
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import spearman
 
 ROLES = ("previous_token", "duplicate_token", "induction")
 
+
+MEASURE = ("mul: attention mass on the detection pattern / total mass "
+           "(transformer_lens.head_detector), exclude_bos=False, exclude_current_token=False")
 
 def patterns(model, tokens: torch.Tensor) -> torch.Tensor:
     """Attention patterns (n_layers, n_heads, T, T) of `tokens` (1, T), float32 on the CPU."""
@@ -53,8 +56,8 @@ def repeated_random(model, n_random: int, seed: int) -> torch.Tensor:
     prepend = bool(getattr(model.cfg, "default_prepend_bos", True)) and bos is not None
     n_ctx = model.cfg.n_ctx
     if not 2 <= n_random <= (n_ctx - int(prepend)) // 2:
-        raise BlockscopeError(f"--n-random must be between 2 and half the context "
-                              f"({(n_ctx - int(prepend)) // 2}), got {n_random}")
+        raise BadValue(f"`n_random` must be between 2 and half the context "
+                       f"({(n_ctx - int(prepend)) // 2}), got {n_random}")
     gen = torch.Generator().manual_seed(seed)
     draw = torch.randint(0, vocab - (bos is not None and bos < vocab), (n_random,),
                          generator=gen)

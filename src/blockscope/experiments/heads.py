@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import ScaleHeads
 from blockscope.sweeps import plan
@@ -26,6 +26,14 @@ from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
 ENGINES = plan.ENGINES
+# What prune-heads' figures mean, for its sidecar.
+MEANINGS = {
+    "importance": "|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
+    "gradient_order": "normalised importance re-computed after every step; with the cached "
+    "engine and --method zero each step's perplexity is read off that same forward pass (the "
+    "hooked model with the step's mask), not from a second one",
+    "one_head_per_layer": "kept head = the layer's highest gradient importance",
+}
 
 
 def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
@@ -40,7 +48,7 @@ def prepare_fill(model, docs, stride, method: str, engine: str,
     """`prepared` (made here if None), and `fill`: None for zero ablation, else each
     layer's clean mean z over positions (n_heads, d_head)."""
     if method not in ("zero", "mean"):
-        raise BlockscopeError("--method must be zero or mean")
+        raise BadValue("`method` must be zero or mean")
     names = [n for i in range(model.cfg.n_layers)  # where each layer's mean z is read
              for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
     if prepared is None:
@@ -64,7 +72,7 @@ def _head_sweep(model, docs, items, *, prepared, fill, **kw):
 def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
     values = list(range(n)) if values is None else list(values)
     if not values or any(not 0 <= v < n for v in values):
-        raise BlockscopeError(f"--{what} must be between 0 and {n - 1}")
+        raise BadValue(f"`{what}` must be between 0 and {n - 1}")
     return values
 
 
@@ -133,3 +141,17 @@ def one_head_per_layer(
                      batch_size=batch_size, progress=progress, ci=ci)
     df[["layer", "kept_head"]] = df[["layer", "kept_head"]].astype("Int64")
     return df
+
+
+def head_table(ablation: pd.DataFrame, importance, normalised) -> pd.DataFrame:
+    """One row per head: ablation perplexity and change, importance, normalised, rank."""
+    df = ablation.iloc[1:].reset_index(drop=True)
+    df = df.rename(columns={"perplexity": "ablation_perplexity"})
+    layer, head = df["layer"].astype(int), df["head"].astype(int)
+    df["gradient_importance"] = importance[layer, head].numpy()
+    df["normalized_importance"] = normalised[layer, head].numpy()
+    ranks = (-normalised).flatten().argsort(stable=True).argsort() + 1  # 1 = most important
+    df["rank"] = ranks.reshape(normalised.shape)[layer, head].numpy()
+    return df[["layer", "head", "method", "ablation_perplexity", "delta", "ratio",
+               "gradient_importance", "normalized_importance", "rank", "ci_low", "ci_high",
+               "delta_ci_low", "delta_ci_high"]]

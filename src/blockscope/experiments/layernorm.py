@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 
 EPS = 1e-5  # GPT-2's layer_norm_epsilon
 
@@ -16,7 +16,7 @@ def _broadcast(values: Sequence[float] | None, n: int, name: str, default: float
     if not values:
         return torch.full((n,), default, dtype=torch.float64)
     if len(values) not in (1, n):
-        raise BlockscopeError(f"--{name} takes one value or {n} (one per input), not {len(values)}")
+        raise BadValue(f"`{name}` takes one value or {n} (one per input), not {len(values)}")
     return torch.tensor(list(values) * (n if len(values) == 1 else 1), dtype=torch.float64)
 
 
@@ -33,13 +33,12 @@ def layer_norm_steps(
     if len(x) < 2:
         raise BlockscopeError("layer norm needs at least 2 numbers")
     if not eps > 0 or eps == float("inf"):
-        raise BlockscopeError(f"--eps must be a positive number (got {eps:g})")
+        raise BadValue(f"`eps` must be a positive number (got {eps:g})")
     v = torch.tensor(list(x), dtype=torch.float64)  # (n,)
     g, b = _broadcast(gain, len(v), "gain", 1.0), _broadcast(bias, len(v), "bias", 0.0)
-    for name, t in (("input", v), ("--gain", g), ("--bias", b)):
+    for name, t in (("input", v), ("`gain`", g), ("`bias`", b)):
         if not torch.isfinite(t).all():
-            raise BlockscopeError(f"the {name} holds nan or inf: layer norm needs finite "
-                                  "numbers")
+            raise BadValue(f"the {name} holds nan or inf: layer norm needs finite numbers")
     scale = v.abs().max().clamp_min(1e-300)  # worked in units of the largest magnitude,
     mean = (v / scale).mean() * scale  # so nothing overflows on the way
     centred = v - mean

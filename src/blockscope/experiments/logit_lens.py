@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.inputs.text import token_text
 from blockscope.model.arch import layout, stream_points
 from blockscope.sweeps.unembed import softcapped
@@ -45,12 +45,20 @@ def _unembed(model, x: torch.Tensor) -> torch.Tensor:
     return softcapped(model.unembed(model.ln_final(x)).float(), layout(model).softcap)
 
 
-def target_id(tokenizer, text: str, option: str = "--target") -> int:
-    """The one token `text` is, or a refusal naming how many it is."""
+# How `attribution` reads the final norm, for the sidecar.
+ATTRIBUTION_MEANS = {
+    "final_norm": "scale frozen at the clean pass (ln_final.hook_scale), as TransformerLens's "
+    "logit_attrs; each write centred first where the norm is a LayerNorm",
+    "softcap": "attributes the logit before any final softcapping"}
+
+
+def target_id(tokenizer, text: str, option: str = "target") -> int:
+    """The one token `text` is, or a refusal naming how many it is (`option`: the
+    parameter it came in)."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
-        raise BlockscopeError(f"{option} {text!r} is {len(ids)} tokens of this model's "
-                              "tokenizer, not one (mind the leading space: ' Paris')")
+        raise BadValue(f"`{option}` {text!r} is {len(ids)} tokens of this model's "
+                       "tokenizer, not one (mind the leading space: ' Paris')")
     return ids[0]
 
 

@@ -19,13 +19,18 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.logit_lens import _centre, _frozen_readout, attribution, frozen_gain
 from blockscope.inputs.text import token_text
 from blockscope.interventions import ScaleNeurons, applied
 from blockscope.model.arch import layout
 
 SUM_REL = 1e-4  # the neurons' writes must add up to the MLP's own, relative
+
+
+# What a neuron's contribution is, for the sidecar.
+CONTRIBUTION = ("activation x the value's direct logit, through the final norm with its scale "
+                "frozen at the clean pass (as logit-lens)")
 
 
 @torch.inference_mode()
@@ -49,7 +54,7 @@ def neurons(model, tokens: torch.Tensor, *, position: int, target: int,
         raise BlockscopeError(f"{lay.family}: the MLP adds the residual itself, so a "
                               "neuron's write is not its own; refused")
     if method not in ("zero", "mean"):
-        raise BlockscopeError("--method must be zero or mean")
+        raise BadValue("`method` must be zero or mean")
     attrs = attribution(model, tokens, position=position, target=target, contrast=contrast)
     mlps = attrs[(attrs["level"] == "block") & (attrs["half"] == "mlp")]
     chosen = mlps.sort_values("contribution", ascending=False, kind="stable").head(n_layers)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.norm_stack import LAYOUTS, WEIGHTS, Stack, StackConfig, init_weights
 
 
@@ -42,7 +42,7 @@ def check_sizes(cfg: StackConfig, what: str) -> None:
         if getattr(cfg, field) is None or getattr(cfg, field) < 1:
             raise BlockscopeError(f"{what}: {field} must be at least 1")
     if cfg.d_model % cfg.n_heads:
-        raise BlockscopeError(f"{what}: --n-heads {cfg.n_heads} does not divide --d-model "
+        raise BlockscopeError(f"{what}: n_heads {cfg.n_heads} does not divide d_model "
                               f"{cfg.d_model}")
 
 
@@ -102,16 +102,16 @@ class TrainConfig:
 
     def check(self) -> None:
         if self.steps < 0:
-            raise BlockscopeError(f"--train-steps must be 0 or more (got {self.steps})")
+            raise BadValue(f"`train_steps` must be 0 or more (got {self.steps})")
         if self.warmup_steps < 0:
-            raise BlockscopeError(f"--warmup-steps must be 0 or more (got {self.warmup_steps})")
+            raise BadValue(f"`warmup_steps` must be 0 or more (got {self.warmup_steps})")
         if self.steps and self.warmup_steps >= self.steps:
-            raise BlockscopeError(f"--warmup-steps {self.warmup_steps} is not shorter than the "
-                                  f"run (--train-steps {self.steps})")
+            raise BadValue(f"`warmup_steps` {self.warmup_steps} is not shorter than the run "
+                           f"(`train_steps` {self.steps})")
         if not self.lr > 0:
-            raise BlockscopeError(f"--lr must be positive (got {self.lr})")
+            raise BadValue(f"`lr` must be positive (got {self.lr})")
         if self.batch_size < 1 or self.seq_len < 2:
-            raise BlockscopeError("--batch-size must be at least 1 and --seq-len at least 2")
+            raise BadValue("`batch_size` must be at least 1 and `seq_len` at least 2")
 
     def lr_at(self, step: int, warmup: int) -> float:
         """Learning rate at 0-based `step` of a run with `warmup` warm-up steps."""
@@ -137,8 +137,8 @@ def train(cfg: StackConfig, data: torch.Tensor, tc: TrainConfig, *,
     check_sizes(cfg, "norm-placement training")
     tc.check()
     if tc.seq_len > cfg.n_ctx:
-        raise BlockscopeError(f"--seq-len {tc.seq_len} is longer than the stack's {cfg.n_ctx} "
-                              "positions")
+        raise BadValue(f"`seq_len` {tc.seq_len} is longer than the stack's {cfg.n_ctx} "
+                       "positions")
     if not tc.steps:
         return pd.DataFrame(columns=["layout", "warmup_steps", "seed", "step", "lr", "loss",
                                      "kind"])
@@ -223,3 +223,19 @@ def verdicts(summary: pd.DataFrame, finals: dict | None, warmup: int) -> pd.Data
                  shown=finals[("pre", 0)] <= finals[("pre", warmup)] * (1 + CLOSE)),
         ]
     return pd.DataFrame(out)
+
+
+def sidecar_record(init_cfg: StackConfig, train_cfg: StackConfig, tc: TrainConfig) -> dict:
+    """What the stacks were and how each figure is measured, for the sidecar."""
+    return dict(
+        init_stack=vars(init_cfg), train_stack=vars(train_cfg),
+        train={**vars(tc), "betas": list(tc.betas)},
+        blocks="GPT-2's (LayerNorm, learned positions, tanh GELU MLP, tied unembedding); "
+               "pre-norm x = x + F(LN(x)) with a final LN, post-norm x = LN(x + F(x)) without",
+        init="N(0, 0.02) for every matrix and embedding, biases 0; scaled: the output "
+             "projections of attention and MLP N(0, 0.02/sqrt(2 n_layers))",
+        grad_norm="Frobenius norm of d(mean next-token loss)/dW at initialization",
+        resid_norm="mean over tokens of |x_t| after the block",
+        training="Adam, constant lr after a linear warm-up from 0; GPT-2's scaled init; "
+                 "the same initial weights and batches for every run; final loss = mean of "
+                 "the last 10% of steps")

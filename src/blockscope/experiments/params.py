@@ -12,7 +12,7 @@ import re
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 
 BLOCK = re.compile(r"\.(?:h|layers|blocks|layer)\.(\d+)\.")
 # Norms first: Llama's post_attention_layernorm is a norm, not attention.
@@ -26,15 +26,15 @@ def _head_overrides(config, n_heads: int) -> None:
 
     d_model = config_get(config, "d_model")
     if n_heads < 1:
-        raise BlockscopeError(f"--n-heads must be at least 1 (got {n_heads})")
+        raise BadValue(f"`n_heads` must be at least 1 (got {n_heads})")
     if d_model % n_heads:
-        raise BlockscopeError(f"--n-heads {n_heads} must divide d_model {d_model}")
+        raise BadValue(f"`n_heads` {n_heads} must divide d_model {d_model}")
     kv = getattr(config, "num_key_value_heads", None)
     if kv is not None:  # grouped-query attention: keep the query heads per K/V head
         group = config.num_attention_heads // kv
         if n_heads % group:
-            raise BlockscopeError(
-                f"--n-heads {n_heads}: this model shares each K/V head among {group} query "
+            raise BadValue(
+                f"`n_heads` {n_heads}: this model shares each K/V head among {group} query "
                 f"heads, so the head count must be a multiple of {group}"
             )
         config.num_key_value_heads = n_heads // group

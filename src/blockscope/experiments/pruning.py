@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 from blockscope.experiments.heads import prepare_fill, single_head_ablation
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import head_edits
@@ -28,9 +28,9 @@ ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "ci_low", "ci_high", "
 
 def check_pruning(order: str, step: float) -> None:
     if order not in ORDERS:
-        raise BlockscopeError(f"--order must be one of {', '.join(ORDERS)}")
+        raise BadValue(f"`order` must be one of {', '.join(ORDERS)}")
     if step <= 0 or (step >= 1 and step != int(step)):
-        raise BlockscopeError("--step must be a fraction in (0, 1) or a whole number of heads")
+        raise BadValue("`step` must be a fraction in (0, 1) or a whole number of heads")
 
 
 def pruning_curve(
@@ -145,3 +145,32 @@ def band_exit(curve: pd.DataFrame, tolerance: float) -> dict | None:
     before = int(rows.loc[i - 1, "heads_removed"]) if i else 0
     return {"step": int(rows.loc[i, "step"]), "removed": int(rows.loc[i, "heads_removed"])
             - before, "ratio": float(rows.loc[i, "ratio"])}
+
+
+def headline(curves: list[pd.DataFrame], tolerance: float, n_total: int) -> dict:
+    """Per order: how many heads can go within the band (`prunable`), and where the curve
+    first leaves it (`band_exit`), with the sentence that says so."""
+    found = {}
+    for c in curves:
+        r, exit = prunable(c, tolerance), band_exit(c, tolerance)
+        base = c.loc[0, "perplexity"]
+        sentence = (f"{c.loc[0, 'order']} order: {int(r.heads_removed)} of {n_total} heads "
+                    f"({r.share_removed:.0%}) can go with perplexity {r.perplexity:,.2f} "
+                    f"within +{tolerance:.0%} of the baseline {base:,.2f} (the last step "
+                    "before the curve first leaves that band)" + exit_clause(exit))
+        found[c.loc[0, "order"]] = {"heads_removed": int(r.heads_removed),
+                                    "share": float(r.share_removed),
+                                    "perplexity": float(r.perplexity), "left_band": exit,
+                                    "sentence": sentence}
+    return found
+
+
+def exit_clause(exit: dict | None) -> str:
+    """What set the headline's resolution: the step that left the band, and a finer step
+    when that step removed several heads at once."""
+    if exit is None:
+        return "; the curve never leaves the band"
+    text = (f"; step {exit['step']} removed {exit['removed']} head"
+            f"{'s' * (exit['removed'] != 1)} and left it (x{exit['ratio']:.3f})")
+    return text + (", so a finer --step (e.g. --step 1) may find more" if exit["removed"] > 1
+                   else "")

