@@ -113,6 +113,15 @@ train_heads = 2
 batch_size = 2
 seq_len = 16
 claims = ["post-norm needs a warm-up"]
+[mlp]
+section = "The MLP"
+prompt = "The capital of France is"
+target = " Paris"
+text = "{ALICE}"
+key_tokens = 60
+n_layers = 2
+per_layer = 2
+claims = ["values push the stream toward Paris"]
 [head_roles]
 section = "What heads do"
 text = "{ALICE}"

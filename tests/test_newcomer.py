@@ -410,10 +410,11 @@ def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
     assert res.exit_code == 0, res.output
     lines = res.stderr.splitlines()
     stages = [line for line in lines if line.startswith("[")]
-    assert stages == ["[1/4] ablation: skipping each block",
-                      "[2/4] residual norms: BOS x raw/processed weights",
-                      "[3/4] pruning heads (gradient order)",
-                      "[4/4] head roles: previous-token, duplicate-token, induction"]
+    assert stages == ["[1/5] ablation: skipping each block",
+                      "[2/5] residual norms: BOS x raw/processed weights",
+                      "[3/5] pruning heads (gradient order)",
+                      "[4/5] head roles: previous-token, duplicate-token, induction",
+                      "[5/5] the MLP section: lens, attribution, neurons and their keys"]
     assert any(line.startswith("pruning heads (gradient order): ") and "left" in line
                for line in lines)
 

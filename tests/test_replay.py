@@ -121,10 +121,10 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
     with torch.inference_mode():
         hidden = hf(ids, output_hidden_states=True, use_cache=False).hidden_states
         for k in range(model.cfg.n_layers - 1):  # HF's last hidden state is after the norm
-            got = replay.block_forward(parts[k], hidden[k], clean.replay[k])
+            got = replay.block_forward(parts[k], hidden[k], clean.block_args[k])
             assert close(got, hidden[k + 1])
             batch = torch.cat([hidden[k], 2 * hidden[k]])  # (2, T, d_model)
-            assert close(replay.block_forward(parts[k], batch, clean.replay[k])[:1], got)
+            assert close(replay.block_forward(parts[k], batch, clean.block_args[k])[:1], got)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -78,15 +78,20 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert "## What heads do" in report
     assert "| induction | 5.1 |  |  | not in this model |" in report  # a 3-layer model
     assert any(line.startswith("| induction | 2.1 | 0.") for line in report.splitlines())
+    mlp = report.split("## The MLP")[1].split("\n## ")[0]
+    assert "> values push the stream toward Paris" in mlp
+    assert sum(line.startswith("| ") for line in mlp.splitlines()) == 2 + 4  # head, rule, 4
+    assert "' Paris' enters the top 10 at" in mlp
     assert "## Pre-norm and post-norm" in report and "> post-norm needs a warm-up" in report
     assert "| post-norm needs a learning-rate warm-up |" in report
     pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 8  # params, ablation, four residual-norm variants, norm init + train
+    assert len(pngs) == 9  # params, ablation, 4 residual-norm variants, the lens, norm x 2
     assert all(p.read_bytes().startswith(PNG) for p in pngs)
     assert all(f"]({p.name})" in report for p in pngs)
     meta = json.loads((result(out, "reproduce-tiny-gpt2.json")).read_text())
     assert meta["model_loaded"] is True and meta["prune_headline"]
     assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 2
+    assert len(meta["mlp"]) == 4
 
 
 def test_reproduce_offline_without_the_model(tmp_path):
@@ -152,3 +157,28 @@ def test_norm_placement_numbers_read_alike():
 
     assert [sig3(x) for x in (24, 32.4, 0.00123, 5, 999.9, 1234.5)] == [
         "24.0", "32.4", "0.00123", "5.00", "1,000", "1,234"]
+
+
+def test_the_mlp_claims_read_their_measurements():
+    """Each MLP-section claim says what its frames hold, and is shown only when they bear it
+    out: synthetic frames whose answers are known."""
+    from blockscope.experiments import reproduce_mlp as m
+
+    lens = pd.DataFrame({"point": ["embeddings", "block 1", "block 2", "block 3", "block 4"],
+                         "layer": [None, 0, 1, 2, 3], "target_rank": [900, 40, 8, 1, 1],
+                         "target_prob": [0.0, 0.01, 0.1, 0.5, 0.7]})
+    late = m._written_late(lens, 4, " Paris")
+    assert "top 10 at block 2, the top 1 at block 3 of 4" in late["measured"]
+    assert late["shown"] is False  # block 2 of 4 is not past the middle
+    assert m._written_late(lens.assign(target_rank=[900, 40, 30, 8, 1]), 4, " P")["shown"]
+    attrs = pd.DataFrame({"level": "block", "layer": [None, 0, 0, 1, 1, None],
+                          "half": ["embed", "attn", "mlp", "attn", "mlp", "bias"],
+                          "contribution": [5.0, 1.0, 2.0, 0.5, 0.25, 9.0]})
+    attrs.attrs["logit"] = 17.75
+    last = m._last_block(attrs, 2)  # block 1: 3.0, block 2: 0.75 (embed and bias left out)
+    assert last["shown"] is False and "largest is block 1's (+3.00)" in last["measured"]
+    keys = pd.DataFrame({"layer": [0] * 4 + [5] * 4, "neuron": [7] * 4 + [9] * 4,
+                         "trigger": ["the", "the", "the", "a", "x", "y", "z", "x"]})
+    found = m._keys(keys, 6, "alice.txt")
+    assert "75% of the time in the lowest third" in found["measured"] and found["shown"]
+    assert "50% in the upper third" in found["measured"]

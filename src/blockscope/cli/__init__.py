@@ -1,6 +1,7 @@
 """The `blockscope` command line: one module per group of commands, on one Typer app.
 
-Each command parses, loads, calls a pure experiment, renders and writes; nothing else.
+Each command's options are a dataclass (options, text_options), checked once before anything
+loads; the command loads, calls a pure experiment, renders and writes; nothing else.
 Heavy imports (torch, TransformerLens) happen inside the commands, so `--help` is instant.
 """
 
@@ -11,11 +12,11 @@ from blockscope.cli import (  # noqa: F401  (registers the commands)
     heads,
     lens,
     memory,
+    no_weights,
     norm,
     probes,
     reproduce,
     roles,
-    tables,
     toy,
 )
 from blockscope.cli.common import app

@@ -11,7 +11,7 @@ import typer
 
 from blockscope.cli.common import command as register
 from blockscope.cli.common import engine_record, err, out
-from blockscope.cli.data import corpus_run, stability_line, uncertainty_record
+from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import Method, MethodOpt, Passage, SeedOpt, Sweep, Window

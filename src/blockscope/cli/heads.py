@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, engine_record, err, out, status, styled
-from blockscope.cli.data import corpus_run, stability_line, uncertainty_record
+from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, comma_list, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import Method, MethodOpt, Passage, Sweep, Window

@@ -184,10 +184,10 @@ def render(summary, finals, claims, warmup: int) -> None:
     out.print(claims_table(claims))
 
 
-def claims_table(claims):
+def claims_table(claims, title: str = "the article's claims, measured here"):
     """The article's claims, what was measured, the test, and whether it shows."""
     from blockscope.results.render import table
 
     shown = claims.assign(shown=claims["shown"].map({True: "yes", False: "NOT shown here"}))
     return table(shown, {c: (c, "s") for c in ("claim", "measured", "test", "shown")},
-                 title="the article's claims, measured here")
+                 title=title)

@@ -130,7 +130,7 @@ def render_norms(df, title: str, no_mid: str | None, n_layers: int) -> None:
 
 def corpus_norms(o: ResidNorm, started: float) -> None:
     """resid-norm --dataset: the norm's distribution over every token of the corpus."""
-    from blockscope.cli.data import corpus_run
+    from blockscope.cli.corpus_run import corpus_run
     from blockscope.experiments.resid_norm import norm_distribution
     from blockscope.model.arch import layout
     from blockscope.results.render import table

@@ -59,6 +59,7 @@ def reproduce(o: Reproduce) -> None:
     """
     from blockscope.experiments import reproduce as rp
     from blockscope.experiments import reproduce_sections as sections
+    from blockscope.experiments.reproduce_mlp import mlp_section
     from blockscope.experiments.reproduction import n_stages
     from blockscope.experiments.reproduction import reproduce as measure
     from blockscope.results.files import sidecar
@@ -83,6 +84,7 @@ def reproduce(o: Reproduce) -> None:
                       [digested(p, digest) for p in pictures], other,
                       sections.claims_section(r.model_claims, other)
                       + sections.roles_section(settings, r.roles, spec.name)
+                      + mlp_section(settings, r.mlp_claims, spec.name)
                       + sections.norm_section(settings, r.norm_claims))
     if not o.out.quiet:
         notes(spec, article_model, other)
@@ -94,7 +96,7 @@ def reproduce(o: Reproduce) -> None:
                    claims=records(r.model_claims), model_loaded=lm is not None,
                    missing=missing, best_resid_variant=r.best, prune_headline=r.headline,
                    settings=settings, norm_placement=records(r.norm_claims),
-                   head_roles=records(r.roles),
+                   head_roles=records(r.roles), mlp=records(r.mlp_claims),
                    wall_time_s=round(time.perf_counter() - started, 3))
     write(o, stem, {"": r.table}, meta, extra={f"{stem}.md": report, **pictures})
 
@@ -177,6 +179,8 @@ def render_sections(r) -> None:
                                        "score": ("score", ".3f"), "rank": ("rank", ".0f"),
                                        "status": ("status", "s")},
                              title="known head roles (references) in this model"))
+    if r.mlp_claims is not None:
+        out.print(claims_table(r.mlp_claims, "the MLP section's claims, measured here"))
     if r.norm_claims is not None:
         out.print(claims_table(r.norm_claims))
 
@@ -191,6 +195,12 @@ def plots(frames: dict, name: str, stem: str) -> dict:
     )
 
     pics = {}
+    if "mlp-lens" in frames:
+        from blockscope.results.mlp_plots import lens_plot
+
+        pics[f"{stem}-mlp-lens.png"] = lens_plot(frames["mlp-lens"], frames["mlp-attribution"],
+                                                 f"{name}: the logit lens and who writes the "
+                                                 "answer")
     if "norm-init" in frames:
         pics[f"{stem}-norm-init.png"] = norm_init_plot(frames["norm-init"], "gradient norm per "
                                                        "block at initialization")

@@ -61,7 +61,7 @@ def head_roles(o: HeadRoles) -> None:
     """
     import pandas as pd
 
-    from blockscope.cli.data import corpus_run
+    from blockscope.cli.corpus_run import corpus_run
     from blockscope.experiments import head_roles as experiment
     from blockscope.inputs.corpus import Source
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from blockscope.experiments import reproduce as rp
 from blockscope.experiments import reproduce_sections as sections
+from blockscope.experiments.reproduce_mlp import mlp_measures
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Reproduction:
     model_claims: pd.DataFrame | None = None  # the article's claims, tested on this model
     roles: pd.DataFrame | None = None  # known head roles, found or not
     norm_claims: pd.DataFrame | None = None  # norm-placement's claims
+    mlp_claims: pd.DataFrame | None = None  # the MLP section's claims (lens, neurons)
 
 
 def commands(model: str, settings: dict) -> dict[str, str]:
@@ -60,7 +62,7 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
     frames: dict = {}
     measured = rp.offline_measures(settings, figures, shape_model, frames)
     offline = set(measured)
-    roles = None
+    roles = mlp_claims = None
     if model is not None:
         more, model_frames = rp.model_measures(model, settings, stage=stage,
                                                load_processed=load_processed)
@@ -70,6 +72,9 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
             with stage("head roles: previous-token, duplicate-token, induction", 1) as step:
                 roles = sections.head_role_checks(model, settings)
                 step()
+        if "mlp" in settings:
+            mlp_claims, mlp_frames = mlp_measures(model, settings, stage)
+            frames.update(mlp_frames)
     own = set(measured) - offline  # measured on the model's own weights
     norm_claims = None
     if norm and "norm_placement" in settings:
@@ -87,11 +92,11 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
         table, frames, best=None if other else rp.best_resid_variant(table), headline=headline,
         model_claims=None if model is None else sections.article_claims(figures, measured,
                                                                         frames, label),
-        roles=roles, norm_claims=norm_claims)
+        roles=roles, norm_claims=norm_claims, mlp_claims=mlp_claims)
 
 
 def n_stages(settings: dict, with_model: bool, norm: bool) -> int:
     """How many experiments the run says one line each for."""
-    n = sum(k in settings for k in ("ablate", "resid_norm", "prune_heads", "head_roles")
-            ) if with_model else 0
+    n = sum(k in settings for k in ("ablate", "resid_norm", "prune_heads", "head_roles",
+                                    "mlp")) if with_model else 0
     return n + (norm and "norm_placement" in settings)

@@ -160,9 +160,10 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
         )
     except BlockscopeError:
         raise
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         # a corrupt or unreadable checkpoint (safetensors, config, tokenizer), or an
-        # architecture TransformerLens cannot bridge; anything else is a bug and surfaces
+        # architecture TransformerLens cannot bridge (its ValueError); anything else is a
+        # bug and surfaces as one (an internal error, BLOCKSCOPE_DEBUG=1 for the traceback)
         where = f"the checkpoint in {spec.source}" if spec.is_local else f"model {spec.name!r}"
         raise BlockscopeError(f"cannot load {where}: {type(exc).__name__}: {_first(exc)}")
     if spec.processed:

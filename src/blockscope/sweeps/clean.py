@@ -14,6 +14,7 @@ import torch
 
 from blockscope.inputs.text import Window
 from blockscope.interventions import applied
+from blockscope.model import adapters
 from blockscope.sweeps import unembed
 from blockscope.sweeps.sweep import nll_from_logits, nll_of, per_position
 
@@ -24,7 +25,8 @@ class Clean:
 
     window: Window
     chunk: torch.Tensor  # (1, T) token ids fed
-    replay: list[tuple[tuple, dict]]  # per block: the args the model passed it, cache removed
+    block_args: list[tuple[tuple, dict]]  # per block: the (args, kwargs) the model passed it,
+    #   cache removed, for replaying the block
     pre: list[torch.Tensor]  # n_layers + 1 of (1, T, d_model); pre[n_layers] enters ln_final
     acts: dict[str, torch.Tensor]  # other kept hook points, by name: (1, T, ...)
     nll: torch.Tensor  # (n_scored,) clean next-token NLL
@@ -49,7 +51,7 @@ def kept_names(lay, n_layers: int, z: bool) -> list[str]:
 
 
 def _no_cache(value):
-    return None if type(value).__name__.endswith("Cache") else value
+    return None if adapters.is_cache(value) else value
 
 
 def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,

@@ -76,7 +76,7 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
         for j in range(min(e[0] for e in entries), len(model.blocks)):
             x = join(x, False, j)
             if plain is not None and not replay.hooked(model.blocks[j]):
-                p, ctx = plain[j], clean.replay[j]
+                p, ctx = plain[j], clean.block_args[j]
                 if p.parallel:  # no mid point: nothing joins there
                     x = None if x is None else replay.block_forward(p, x, ctx)
                     continue
@@ -101,10 +101,10 @@ CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchm
 
 
 def default_batch_size(model, n_tokens: int, plain: bool = False) -> int:
-    """Variants per batch. On the CPU: CPU_BATCH with the plain replay (batches of 3-6
-    measured about 8% faster than one at a time on GPT-2 small), 1 through the bridge's
-    blocks (stacking measured slower there). Elsewhere: as many as keep one batch's
-    activations near BUDGET_BYTES; never more than that on the CPU either."""
+    """Variants per batch. On the CPU: CPU_BATCH with the plain replay (faster than one at a
+    time), 1 through the bridge's blocks (where stacking is slower: both in the README's
+    "Design choices"). Elsewhere: as many as keep one batch's activations near
+    BUDGET_BYTES; never more than that on the CPU either."""
     cfg = model.cfg
     per_token = 4 * (3 * cfg.n_heads * n_tokens + 2 * cfg.d_mlp + 6 * cfg.d_model)
     budget = max(1, min(16, BUDGET_BYTES // max(1, per_token * n_tokens)))

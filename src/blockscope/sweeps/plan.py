@@ -225,20 +225,21 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
     return gather_units(docs, units, hows, labels)
 
 
-def _score(model, ids, wins, variants, starts, prepared: Prepared, cached: bool, batch_size,
-           progress, on_clean, check: bool = True) -> tuple[list[torch.Tensor], dict]:
-    """One document's per-token NLL, baseline first, and how it ran (`cached`: the clean
-    or baseline passes in `prepared` are this document's; `check`: hold the engine's
-    variants to the hooked model on this document, `check_variants`)."""
+def _score(model, ids, wins, variants, starts, prepared: Prepared, prepared_here: bool,
+           batch_size, progress, on_clean, check: bool = True) -> tuple[list[torch.Tensor], dict]:
+    """One document's per-token NLL, baseline first, and how it ran (`prepared_here`: the
+    clean or baseline passes in `prepared` are this document's, so they are used, not made
+    again; `check`: hold the engine's variants to the hooked model on this document,
+    `check_variants`)."""
     if starts is None:
-        refs = prepared.reference if cached else (
+        refs = prepared.reference if prepared_here else (
             _reference(model, ids, wins) if on_clean else None)
         for c in refs if on_clean else ():
             on_clean(c)
         return (naive_nlls(model, ids, variants, wins=wins,
                            baseline_nll=None if refs is None else _nll_of(refs),
                            progress=progress), {"replay": "naive", "batch_size": 1})
-    cleans = prepared.cleans if cached else [clean.clean_pass(model, ids, w, prepared.names)
+    cleans = prepared.cleans if prepared_here else [clean.clean_pass(model, ids, w, prepared.names)
                                              for w in wins]
     for c in cleans if on_clean else ():
         on_clean(c)

@@ -4,7 +4,7 @@ The bridge's attention computes scores, mask, softmax and pattern one step at a 
 its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When none of a block's
 hook points holds a hook, the engine runs the same function here instead: the bridge's own
 weights (read at every call, so nothing goes stale) and torch's fused
-`scaled_dot_product_attention` (causal). On the CPU that is about 20% faster a block, equal
+`scaled_dot_product_attention` (causal): faster a block (README, "Design choices"), equal
 to float rounding; the engine checks the agreement on every clean pass (`selfcheck`) and
 otherwise keeps the bridge. GPT-2's blocks are here; the Llama family's and GPT-NeoX's in
 `replay_rotary`, behind the same `parts`; the final norm and unembedding in `unembed`.
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
 from blockscope.interventions import ScaleHeads
+from blockscope.model import adapters
 from blockscope.sweeps import unembed
 from blockscope.sweeps.sweep import nll_of
 
@@ -36,7 +37,7 @@ class Parts:
     n_heads: int
     ln_2: torch.nn.LayerNorm
     c_fc: torch.nn.Module  # HF Conv1D (d_model -> d_mlp)
-    mlp: torch.nn.Module  # HF GPT2MLP: its `act` is read at each call (see mlp_half)
+    mlp: torch.nn.Module  # the HF MLP: its `act` is read at each call (see mlp_write)
     c_proj: torch.nn.Module  # HF Conv1D (d_mlp -> d_model)
     parallel = False  # attention then MLP
 
@@ -61,8 +62,7 @@ class Parts:
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """mlp(ln_2(x)), with the MLP's activation as it is at the call: inside the
-        engine's `fused_gelu`, GPT-2's NewGELU is torch's fused tanh GELU (the same
-        function)."""
+        engine's `fused_gelu`, torch's fused tanh GELU (`adapters.fast_activations`)."""
         hidden = self.c_fc(_layer_norm(self.ln_2, x))  # (B, T, d_mlp)
         return self.c_proj(self.mlp.act(hidden))
 
@@ -114,37 +114,22 @@ def heads_out(o: torch.nn.Module, z: torch.Tensor, keep, idx) -> torch.Tensor:
     return out if o.bias is None else out + o.bias
 
 
-def _inner(bridge):
-    return getattr(bridge, "original_component", None)
-
-
 def parts(block):
-    """The plain parts (`Parts`) of a bridged GPT-2 block in eval mode; None where the
-    block is not the layout they read (`steps.plain_parts` picks the family's replay)."""
-    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, GPT2Attention, GPT2Block
-
-    hf = _inner(block)
-    if block.training or not isinstance(hf, GPT2Block):
+    """The plain parts (`Parts`) of a bridged GPT-2 block in eval mode, read through
+    TransformerLens's generic submodules; None where the block is not the layout they read
+    (`steps.plain_parts` picks the family's replay)."""
+    facts = None if block.training else adapters.gpt2_facts(block)
+    if facts is None:
         return None
-    if getattr(hf, "crossattention", None) is not None:
-        return None
-    attn, mlp = hf.attn, _inner(hf.mlp)
-    hf_attn = _inner(attn)
-    if not isinstance(hf_attn, GPT2Attention) or not isinstance(mlp, GPT2MLP):
-        return None
-    if hf_attn.reorder_and_upcast_attn or hf_attn.is_cross_attention:
-        return None
-    mods = [_inner(getattr(attn, n, None)) for n in ("q", "k", "v", "o")]
-    mods += [_inner(hf.ln_1), _inner(hf.ln_2), _inner(mlp.c_fc), _inner(mlp.c_proj)]
+    mods = [adapters.generic(block, n) for n in ("attn.q", "attn.k", "attn.v", "attn.o", "ln1",
+                                                 "ln2", "mlp.in", "mlp.out")]
     if any(m is None for m in mods) or not all(isinstance(m, torch.nn.Linear) for m in mods[:3]):
         return None
     if not all(isinstance(m, torch.nn.LayerNorm) for m in mods[4:6]):
         return None
     q, k, v, o, ln_1, ln_2, c_fc, c_proj = mods
-    scale = hf_attn.head_dim**-0.5  # as the bridge's attention, which always scales
-    if hf_attn.scale_attn_by_inverse_layer_idx:
-        scale /= float(hf_attn.layer_idx + 1)
-    return Parts(ln_1, q, k, v, o, scale, hf_attn.num_heads, ln_2, c_fc, mlp, c_proj)
+    return Parts(ln_1, q, k, v, o, facts["scale"], facts["n_heads"], ln_2, c_fc, facts["mlp"],
+                 c_proj)
 
 
 def hooked(block) -> bool:
@@ -190,7 +175,7 @@ def masked_nll(model, plain: list, clean, mask: torch.Tensor,
     full logits (`sweep.nll_of`) where softcapping or half precision rules that out."""
     x = _trackable(clean.pre[0])  # (1, T, d_model) what block 0 received
     for j, p in enumerate(plain):
-        x = block_forward(p, x, _trackable(clean.replay[j]), mask[j])
+        x = block_forward(p, x, _trackable(clean.block_args[j]), mask[j])
     w = clean.window
     lo = w.offset
     normed = model.ln_final(x)[0, lo - 1 : -1]  # (n_scored, d_model): the predicting rows

@@ -19,11 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from blockscope.model import adapters
+from blockscope.model.adapters import generic
 from blockscope.sweeps.replay import heads_out, in_rows, kept_heads
-
-
-def _inner(module):
-    return getattr(module, "original_component", None)
 
 
 class ReplayArgsMissing(RuntimeError):
@@ -61,16 +59,15 @@ class LlamaParts:
     """One Llama/Mistral/Qwen2 decoder layer's modules, called plainly."""
 
     parallel = False
+    LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
-    def __init__(self, hf, rotary):
-        attn, mlp = _inner(hf.self_attn), _inner(hf.mlp)
-        self.ln1, self.ln2 = _inner(hf.input_layernorm), _inner(hf.post_attention_layernorm)
-        self.q, self.k, self.v, self.o = (_inner(getattr(attn, n))
-                                          for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        self.gate, self.up, self.down = (_inner(getattr(mlp, n))
-                                         for n in ("gate_proj", "up_proj", "down_proj"))
-        self.act = mlp.act_fn
-        self.d_head, self.scale, self.rotary = attn.head_dim, attn.scaling, rotary
+    def __init__(self, block, facts: dict):
+        self.ln1, self.ln2 = generic(block, "ln1"), generic(block, "ln2")
+        self.q, self.k, self.v, self.o = (generic(block, f"attn.{n}") for n in "qkvo")
+        self.gate, self.up, self.down = (generic(block, f"mlp.{n}")
+                                         for n in ("gate", "in", "out"))
+        self.act, self.d_head, self.scale = facts["act"], facts["d_head"], facts["scale"]
+        self.rotary = facts["rotary"]
 
     def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
         """Each head's z scaled by `keep` (n_heads,) if given; the heads it sets to 0 are
@@ -99,14 +96,15 @@ class LlamaParts:
 class NeoXParts:
     """One GPT-NeoX layer's modules, called plainly."""
 
-    def __init__(self, hf, rotary):
-        attn, mlp = _inner(hf.attention), _inner(hf.mlp)
-        self.parallel = bool(hf.use_parallel_residual)
-        self.ln1, self.ln2 = _inner(hf.input_layernorm), _inner(hf.post_attention_layernorm)
-        self.qkv, self.o = _inner(attn.query_key_value), _inner(attn.dense)
-        self.fc_in, self.fc_out = _inner(mlp.dense_h_to_4h), _inner(mlp.dense_4h_to_h)
-        self.act = mlp.act
-        self.d_head, self.scale, self.rotary = attn.head_size, attn.scaling, rotary
+    LINEARS = ("qkv", "o", "fc_in", "fc_out")
+
+    def __init__(self, block, facts: dict):
+        self.parallel = bool(facts["parallel"])
+        self.ln1, self.ln2 = generic(block, "ln1"), generic(block, "ln2")
+        self.qkv, self.o = generic(block, "attn.qkv"), generic(block, "attn.o")
+        self.fc_in, self.fc_out = generic(block, "mlp.in"), generic(block, "mlp.out")
+        self.act, self.d_head, self.scale = facts["act"], facts["d_head"], facts["scale"]
+        self.rotary = facts["rotary"]
 
     def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
         """Each head's z scaled by `keep` (n_heads,) if given, the heads it sets to 0 left
@@ -126,33 +124,13 @@ class NeoXParts:
 
 
 def parts(block, kind: str):
-    """A Llama-family ("llama") or GPT-NeoX ("neox") block's plain parts, or None where the
-    block is not that layout."""
-    hf = _inner(block)
-    if block.training:
+    """A Llama-family ("llama") or GPT-NeoX ("neox") block's plain parts, read through
+    TransformerLens's generic submodules, or None where the block is not that layout."""
+    facts = None if block.training else adapters.rotary_facts(block, kind)
+    if facts is None:
         return None
-    if kind == "llama":
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        names = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-        if set(hf._modules) != names:
-            return None
-        attn = _inner(hf.self_attn)
-        if attn is None or set(attn._modules) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
-            return None
-        cls = LlamaParts
-    elif kind == "neox":
-        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
-
-        cls = NeoXParts
-    else:
-        return None
-    try:
-        found = cls(hf, apply_rotary_pos_emb)
-    except AttributeError:  # not the layout these classes read
-        return None
-    linears = [m for k, m in vars(found).items() if k not in ("ln1", "ln2", "act", "rotary")
-               and isinstance(m, torch.nn.Module)]
+    found = (LlamaParts if kind == "llama" else NeoXParts)(block, facts)
+    linears = [getattr(found, n) for n in found.LINEARS]
     if not all(isinstance(m, torch.nn.Linear) for m in linears) or None in (found.ln1,
                                                                               found.ln2):
         return None

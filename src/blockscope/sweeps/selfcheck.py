@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 
 from blockscope.inputs.text import Window
-from blockscope.model.arch import hf_config
+from blockscope.model import adapters
 from blockscope.sweeps import replay, steps, unembed
 from blockscope.sweeps.clean import Clean
+from blockscope.sweeps.replay_rotary import ReplayArgsMissing
 from blockscope.sweeps.steps import ReplayMismatch
 from blockscope.sweeps.sweep import naive_nlls
 
@@ -45,15 +46,9 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 def block_kinds(model) -> list[int]:
     """One representative layer per block kind: the HF block class and, where the config
     says so, the layer's attention type (sliding or global); plus the last block."""
-    config = hf_config(model)
-    types = (getattr(config, "layer_types", None) or getattr(config, "attention_layers", None)
-             or [])
     seen, reps = set(), []
-    for j, block in enumerate(model.blocks):
-        inner = getattr(block, "original_component", block)
-        attn = getattr(block.attn, "original_component", None)
-        key = (type(inner).__name__, types[j] if j < len(types) else None,
-               getattr(attn, "sliding_window", None), getattr(attn, "is_sliding", None))
+    for j in range(len(model.blocks)):
+        key = adapters.block_kind(model, j)
         if key not in seen:
             seen.add(key)
             reps.append(j)
@@ -132,7 +127,7 @@ def _plain_agrees(model, clean: Clean, j: int, x, plain, want, tol: float) -> bo
     without the rotary arguments it needs, does not)."""
     try:
         return _rel(steps.block_step(model, clean, j, x, plain), want) <= tol
-    except RuntimeError:  # replay_rotary.ReplayArgsMissing among them
+    except ReplayArgsMissing:  # the clean pass recorded no rotary cos/sin for it
         return False
 
 

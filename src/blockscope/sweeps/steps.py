@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
+from blockscope.model import adapters
 from blockscope.model.arch import family
 from blockscope.sweeps import replay, replay_rotary
 from blockscope.sweeps.clean import Clean
@@ -22,17 +23,13 @@ class ReplayMismatch(Exception):
 
 @contextmanager
 def fused_gelu(model) -> Iterator[None]:
-    """Swap GPT-2's NewGELUActivation (seven elementwise passes in Python) for transformers'
-    GELUTanh (torch's fused tanh GELU): the same function, about 3x faster on the CPU, equal
-    to within float rounding (~5e-7). Always restored."""
-    from transformers.activations import GELUTanh, NewGELUActivation
-
+    """Run each MLP's slow Python GELU as torch's fused tanh GELU
+    (`adapters.fast_activations`): the same function, equal to within float rounding
+    (~5e-7). Always restored."""
     swapped = []
-    for block in model.blocks:
-        mlp = getattr(block.mlp, "original_component", None)
-        if isinstance(getattr(mlp, "act", None), NewGELUActivation):
-            swapped.append((mlp, mlp.act))
-            mlp.act = GELUTanh()
+    for mlp, fast in adapters.fast_activations(model):
+        swapped.append((mlp, mlp.act))
+        mlp.act = fast
     try:
         yield
     finally:
@@ -56,8 +53,8 @@ def block_step(model, clean: Clean, j: int, x: torch.Tensor, plain) -> torch.Ten
     """Block j on x (B, T, d_model): plain torch calls if `plain` and it holds no hook,
     else the bridge block with the arguments the clean pass recorded."""
     if plain is not None and not replay.hooked(model.blocks[j]):
-        return replay.block_forward(plain[j], x, clean.replay[j])
-    args, kwargs = clean.replay[j]
+        return replay.block_forward(plain[j], x, clean.block_args[j])
+    args, kwargs = clean.block_args[j]
     out = model.blocks[j](x, *args, **kwargs)
     return out[0] if isinstance(out, tuple) else out
 

@@ -18,8 +18,8 @@ class ChunkedNLL(torch.autograd.Function):
     """NLL (R,) of h (R, d_model) @ weight.T (+ bias) at `targets`, differentiable in h only
     (the weights are frozen): the logits in the blocks `_logsumexp` uses (at the machine's
     matmul rate), kept for the backward, which forms softmax - onehot block by block in
-    place. Measured 0.46 s against 0.59 s for GPT-2's unembedding of 469 rows, forward and
-    backward, to 2e-6 of log_softmax's."""
+    place (faster than log_softmax's backward, to 2e-6 of it: the README's "Design choices,
+    measured")."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets):
@@ -42,9 +42,8 @@ class ChunkedNLL(torch.autograd.Function):
         return grad, None, None, None
 
 
-VOCAB_CHUNK = 1024  # unembedding rows per matmul; with ROW_BLOCK rows, a 4 MB logits block.
-#   Measured on GPT-2's 768 x 50,257 unembedding, 470 to 2,814 rows: 171-176 GFLOP/s, the
-#   machine's large-matmul rate, against 149-162 with 4096 x 512 blocks
+VOCAB_CHUNK = 1024  # unembedding rows per matmul; with ROW_BLOCK rows, a 4 MB logits block:
+#   the shape that runs at the machine's large-matmul rate (README, "Design choices")
 
 
 def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -83,8 +82,8 @@ def _target_logits(h, weight, bias, targets, softcap) -> torch.Tensor:
     return softcapped(target, softcap)
 
 
-ROW_BLOCK = 1024  # rows per unembedding pass (see VOCAB_CHUNK); blocks, not all rows at once:
-#   measured ~15% faster for 6 x 469 rows on the CPU
+ROW_BLOCK = 1024  # rows per unembedding pass (see VOCAB_CHUNK); blocks, not all rows at once
+#   (faster on the CPU: README, "Design choices")
 
 
 def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
