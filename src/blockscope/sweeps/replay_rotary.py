@@ -1,6 +1,7 @@
 """Llama-family and GPT-NeoX blocks as plain torch calls, for the engine's replays.
 
-The same idea as GPT-2's `replay.GPT2Parts`: the HF block's own weights and norms, read at
+The same idea as GPT-2's `replay.Parts`: the block's own weights and norms (through
+TransformerLens's generic submodules, `model.adapters` for the rest), read at
 every call, and torch's fused `scaled_dot_product_attention` in place of the bridge's
 step-by-step attention (which exists so that `hook_attn_scores`, `hook_pattern`, `hook_rot_q`
 ... can fire). What a rotary block needs beyond its weights comes from the arguments the clean
