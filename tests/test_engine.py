@@ -281,7 +281,7 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
     says so, and gives the reference's numbers; without the slip it does not fall back."""
     from dataclasses import replace
 
-    from blockscope.sweeps import plan
+    from blockscope.sweeps import entries, plan
 
     sweep = ((lambda **kw: block_ablation(tiny, ids, part="block", method="mean", stride=100,
                                           **kw)) if slip == "block fill" else
@@ -290,10 +290,10 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
     assert "fallback" not in honest.attrs["engine"]
     naive = sweep(engine="naive")
     same(naive, honest)
-    original = plan.start
+    original = entries.start
 
-    def slipped(model, lay, v):
-        s = original(model, lay, v)
+    def slipped(model, lay, v, base=()):
+        s = original(model, lay, v, base)
         if slip == "block fill" and s.kind == "block":
             k = s.layer - 1
             return replace(s, resid=lambda c, f=s.resid: 2 * c.pre[k] - f(c))  # pre - fill

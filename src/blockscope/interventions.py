@@ -10,7 +10,7 @@ An intervention is a small record (pyvene's intervention classes) at one layer, 
 - `ScaleNeurons`: chosen MLP neurons' activations := 0, or their clean means.
 
 Every engine uses `apply`: the naive loop runs it as TransformerLens hooks (`hooks`), the
-cached engine (`plan.start`) applies it to the cached clean activation and carries the
+cached engine (`entries.start`) applies it to the cached clean activation and carries the
 change into the stream (as is for a write, through W_O for z), and the gradient replay
 scales z with it. `applied(model, hooks)` adds hooks for a `with` block (TransformerLens's
 `model.hooks`, which removes them in `finally`). A new intervention is one class here.

@@ -34,6 +34,7 @@ class Clean:
     raw: dict[int, torch.Tensor]  # block inputs before a user's hooks on hook_resid_pre,
     #   for the blocks that have such hooks: re-entering there must not apply them twice
     checked: dict = field(default_factory=dict)  # selfcheck's verdicts on this pass
+    views: dict = field(default_factory=dict)  # passes derived from it (`engine.pruned`)
 
     def entering(self, layer: int) -> torch.Tensor:
         """What block `layer` receives, to run it again with its own hooks."""

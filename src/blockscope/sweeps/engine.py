@@ -4,7 +4,7 @@ The clean pass of each window keeps each block's input residual (`hook_resid_pre
 points the layout has between (mid residual, or each half's write in a parallel block), each
 head's `z` when asked, and the arguments the model hands each block (mask, positions). The
 variants are `sweep.Variant`s: records of interventions, the same ones the naive loop
-turns into hooks. `plan.start` derives from an edit and the architecture layer (`arch.py`)
+turns into hooks. `entries.start` derives from an edit and the architecture layer (`arch.py`)
 where to enter the stack:
 
 - skipping block k: at block k+1 from its cached input (+ its mean contribution);
@@ -12,6 +12,9 @@ where to enter the stack:
 - removing an attention half: at k's MLP half (sequential) or k+1 (parallel);
 - removing heads of one layer whose writes are linear in the stream: subtract
   sum_h (1-keep_h)(z_h-fill_h) W_O[h] from the cached stream, entering as for its half;
+- skipping several blocks: after the first, its later blocks skipped on the way (rows of
+  the batch sit those blocks out); blocks every variant of the sweep skips run once per
+  window as the model without them (`pruned`), and each variant enters from there;
 - anything else (several layers, a post-norm head, a block a user's hook sits in): at the
   first block it touches, with the edit's own hooks on.
 
@@ -25,6 +28,7 @@ block, so its hook points fire; GPT-2 blocks without hooks run as plain torch ca
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,19 +58,25 @@ class Start:
     relies_on: str | None = None  # an identity the entry assumes, for selfcheck: "heads"
     #   (a layer's attention write = sum_h z_h W_O[h] + b_O) or "halves" (a parallel
     #   block's output = input + attention write + MLP write)
-    kind: str = "hooked"  # the entry's form ("block", "half", "mlp", "attn", "heads",
-    #   "hooked"): selfcheck.check_variants holds the first variant of each to the hooked model
+    kind: str = "hooked"  # the entry's form ("block", "blocks", "half", "mlp", "attn",
+    #   "heads", "hooked"): selfcheck.check_variants holds the first of each to the hooked model
+    skips: dict = field(default_factory=dict)  # layer -> SkipBlock: later blocks this
+    #   variant also skips (several blocks removed at once)
+    base: tuple = ()  # SkipBlocks the variant shares with the others of its sweep: `resid`
+    #   reads the pass of the model without them (`pruned`), computed once per window
 
 
-def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch.Tensor]],
-              plain: list | None = None) -> list[torch.Tensor]:
-    """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x)`: block
-    `layer` (its MLP half if `mid`) with residual x (1, T, d_model). They run as one batch
-    that grows block by block as variants join it, then the final norm and unembedding."""
-    order = []
+def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | None = None
+              ) -> list[torch.Tensor]:
+    """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x[, skips])`:
+    block `layer` (its MLP half if `mid`) with residual x (1, T, d_model), then skipping the
+    blocks in `skips` (layer -> SkipBlock). They run as one batch that grows block by block
+    as variants join it, then the final norm and unembedding."""
+    order = []  # the entry of each row of x, in row order
+    skips = [e[3] if len(e) > 3 else {} for e in entries]
 
     def join(x, mid, j):
-        idx = [i for i, (layer, m, _) in enumerate(entries) if (layer, m) == (j, mid)]
+        idx = [i for i, e in enumerate(entries) if (e[0], e[1]) == (j, mid)]
         order.extend(idx)
         new = [entries[i][2] for i in idx]
         return x if not new else torch.cat(([] if x is None else [x]) + new)  # (B, T, d)
@@ -75,13 +85,15 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
     with steps.fused_gelu(model):
         for j in range(min(e[0] for e in entries), len(model.blocks)):
             x = join(x, False, j)
+            x, held = _hold(x, order, skips, j)  # rows that skip block j sit it out
             if plain is not None and not replay.hooked(model.blocks[j]):
                 p, ctx = plain[j], clean.block_args[j]
                 if p.parallel:  # no mid point: nothing joins there
                     x = None if x is None else replay.block_forward(p, x, ctx)
-                    continue
-                x = join(None if x is None else replay.attn_half(p, x, ctx), True, j)
-                x = None if x is None else replay.mlp_half(p, x)
+                else:
+                    x = join(None if x is None else replay.attn_half(p, x, ctx), True, j)
+                    x = None if x is None else replay.mlp_half(p, x)
+                x = _rejoin(x, order, held)
                 continue
             if x is not None:
                 x = steps.block_step(model, clean, j, x, None)
@@ -89,12 +101,33 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple[int, bool, torch
             if m is not None:
                 m = steps.mlp_step(model, lay, j, m, None)
                 x = m if x is None else torch.cat([x, m])
+            x = _rejoin(x, order, held)
         x = join(x, False, len(model.blocks))
         nll = unembed.final_nll(model, x, clean.chunk, clean.window, lay.softcap)  # (B, n)
     rows: list = [None] * len(entries)
     for i, row in zip(order, nll, strict=True):
         rows[i] = row.double().cpu()
     return rows
+
+
+def _hold(x, order: list, skips: list[dict], j: int):
+    """Take out of the batch x the rows whose variant skips block j: (the rest, the held
+    rows as [(entry, its output: SkipBlock.apply of what it received)]). `order` follows."""
+    if x is None or not any(j in skips[i] for i in order):
+        return x, []
+    out = [r for r, i in enumerate(order) if j in skips[i]]
+    held = [(order[r], skips[order[r]][j].apply(x[r : r + 1], x[r : r + 1])) for r in out]
+    rest = [r for r in range(len(order)) if j not in skips[order[r]]]
+    order[:] = [order[r] for r in rest]
+    return (x[rest] if rest else None), held
+
+
+def _rejoin(x, order: list, held: list):
+    """The batch after block j with the rows that skipped it put back (at the end)."""
+    if not held:
+        return x
+    order.extend(i for i, _ in held)
+    return torch.cat(([] if x is None else [x]) + [h for _, h in held])
 
 
 CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchmarks/)
@@ -161,8 +194,9 @@ def engine_nlls(
         how["batch_size"].add(size)
         for group in _groups(variants, size):
             with torch.inference_mode(), applied(model, variants[group[0]].hooks):
-                entries = [(variants[i].layer, variants[i].mid, variants[i].resid(clean))
-                           for i in group]
+                entries = [(variants[i].layer, variants[i].mid,
+                            variants[i].resid(pruned(model, clean, variants[i].base, plain)),
+                            variants[i].skips) for i in group]
                 rows = run_group(model, lay, clean, entries, plain)
             for i, row in zip(group, rows, strict=True):
                 nlls[i].append(row)
@@ -174,6 +208,29 @@ def engine_nlls(
     return [torch.cat(baseline)] + [torch.cat(n) for n in nlls], {
         "replay": "+".join(sorted(how["replay"], reverse=True)),
         "batch_size": max(how["batch_size"])}
+
+
+def pruned(model, clean: Clean, base: tuple, plain) -> Clean:
+    """`clean` as the model without the blocks `base` skips (SkipBlocks) would have run it:
+    `pre` holds that model's block inputs (the rest is the clean pass's). Computed once per
+    window and base (kept on `clean`), from the first skipped block on; `clean` if no base."""
+    if not base:
+        return clean
+    held = clean.views.get("pruned")  # (base, plain?, view) of the last base asked for
+    if held is not None and len(held[0]) == len(base) and held[1] == (plain is not None) and all(
+            a is b for a, b in zip(held[0], base, strict=True)):
+        return held[2]
+    skip = {e.layer: e for e in base}
+    lo = min(skip)
+    pre, x = list(clean.pre), clean.pre[lo]
+    with torch.inference_mode(), steps.fused_gelu(model):
+        for j in range(lo, len(model.blocks)):
+            pre[j] = x
+            x = skip[j].apply(x, x) if j in skip else steps.block_step(model, clean, j, x, plain)
+    pre[-1] = x
+    view = dataclasses.replace(clean, pre=pre, raw={}, checked={}, views={})
+    clean.views["pruned"] = (base, plain is not None, view)
+    return view
 
 
 def _groups(variants: Sequence[Start], size: int) -> list[list[int]]:

@@ -1,9 +1,8 @@
 """How a sweep of variants runs: the naive loop, or the engine from where each one departs.
 
 Experiments build `sweep.Variant`s (labels plus interventions) and call `run`; they never
-reach into the engine. `start` is the one place that turns an intervention into an engine
-entry point, using the facts of `arch.layout` and the intervention's own `apply`; `run`
-falls back to the naive loop, loudly, when the engine's self-check fails.
+reach into the engine. `entries.start` turns each intervention into an engine entry
+point; `run` falls back to the naive loop, loudly, when the engine's self-check fails.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ from blockscope.allocator import release
 from blockscope.errors import BlockscopeError
 from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
-from blockscope.interventions import RemoveWrite, ScaleHeads, SkipBlock, hooks
 from blockscope.model import arch
-from blockscope.sweeps import clean, engine, replay, selfcheck, stats, steps
+from blockscope.sweeps import clean, engine, selfcheck, stats, steps
+from blockscope.sweeps.entries import shared_skips, start
 from blockscope.sweeps.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
 
 ENGINES = ("cached", "naive")
@@ -88,67 +87,6 @@ def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
     return prepared
 
 
-def start(model, lay: arch.Layout, v: Variant) -> engine.Start:
-    """Where the engine enters the stack for variant `v`, and the residual it enters with:
-    the variant's one intervention `apply`d to the cached clean activation, its change
-    carried into the stream (as is for a write, through W_O for heads' z).
-
-    One intervention in a block no user's hook sits in enters as late as the layout allows
-    (see engine.py); anything else enters at the first block it touches with the
-    interventions' own hooks on, which is the naive loop's run from that block on."""
-    first = min(e.layer for e in v.edits)
-    generic = engine.Start(v.label, first, lambda c: c.entering(first), hooks=hooks(v.edits))
-    if len(v.edits) != 1 or replay.hooked(model.blocks[first]):
-        return generic
-    e = v.edits[0]
-    k = e.layer
-    if isinstance(e, SkipBlock):  # the block's output, from what it received
-        return engine.Start(v.label, k + 1, lambda c: e.apply(c.entering(k + 1), c.pre[k]),
-                            kind="block")
-    if isinstance(e, RemoveWrite) and lay.parallel:  # output + (write' - write)
-        write = f"hook_{e.part}_out"
-        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + _change(
-            e, c.act(write, k)), relies_on="halves", kind="half")
-    if isinstance(e, RemoveWrite) and e.part == "mlp":  # sequential: mid + write', the
-        def after_mlp(c):  # MLP's write being what it added to the mid residual
-            mid = c.act("hook_resid_mid", k)
-            return mid + e.apply(c.entering(k + 1) - mid)
-
-        return engine.Start(v.label, k + 1, after_mlp, kind="mlp")
-    if not lay.mlp_alone:  # no entry at the mid residual
-        return generic
-    if isinstance(e, RemoveWrite):  # sequential attn: mid := input + write', the MLP half
-        return engine.Start(v.label, k, lambda c: c.pre[k] + e.apply(
-            c.act("hook_resid_mid", k) - c.pre[k]), mid=True, kind="attn")
-    if not lay.linear_heads:
-        return generic
-    delta = _heads_change(model, e)
-    if lay.parallel:
-        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + delta(c),
-                            relies_on="heads", kind="heads")
-    return engine.Start(v.label, k, lambda c: c.act("hook_resid_mid", k) + delta(c),
-                        mid=True, relies_on="heads", kind="heads")
-
-
-def _change(e, activation: torch.Tensor) -> torch.Tensor:
-    """What `e` adds to the stream where `activation` is written: apply(a) - a."""
-    return e.apply(activation) - activation
-
-
-def _heads_change(model, e: ScaleHeads) -> Callable:
-    """The change in layer `e.layer`'s attention write: (apply(z) - z) W_O, over the heads
-    `e` changes only (the others' change is exactly 0)."""
-    idx = (e.keep != 1).nonzero().flatten()
-    changed = ScaleHeads(e.layer, e.keep[idx], None if e.fill is None else e.fill[idx])
-
-    def delta(clean: clean.Clean) -> torch.Tensor:
-        z = clean.act("attn.hook_z", e.layer)[0][:, idx]  # (T, k, d_head)
-        W_O = model.blocks[e.layer].attn.W_O[idx]  # (k, d_head, d_model)
-        return torch.einsum("thd,hde->te", _change(changed, z), W_O.to(z))  # (T, d_model)
-
-    return delta
-
-
 @dataclass
 class Scores:
     """Per-unit NLL sums of a sweep, gathered from every process, in corpus order."""
@@ -172,7 +110,7 @@ def gather_units(docs, units: list, hows: list[dict], labels: list[dict]) -> Sco
     gathered = docs.comm.gather((units, hows))
     units = sorted((u for part, _ in gathered for u in part), key=lambda u: u[:2])
     return Scores(labels, np.stack([u[2] for u in units]), np.array([u[3] for u in units]),
-                  docs.unit, _how([h for _, part in gathered for h in part]))
+                  docs.unit, merged_how([h for _, part in gathered for h in part]))
 
 
 def doc_units(index: int, nll: torch.Tensor, unit: str) -> list:
@@ -205,7 +143,9 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
     starts = None
     if prepared.engine == "cached":
         lay = arch.layout(model)
-        starts = [start(model, lay, v) for v in variants]
+        base = shared_skips(variants)
+        starts = [start(model, lay, v, base if any(e is b for b in base for e in v.edits)
+                        else ()) for v in variants]
     one = len(docs.ids) == 1
     if progress and not one:
         progress(total=len(docs.ids))
@@ -270,7 +210,7 @@ def _nll_of(passes: list[clean.Clean]) -> torch.Tensor:
     return torch.cat([c.nll for c in passes]).double().cpu()
 
 
-def _how(hows: list[dict]) -> dict:
+def merged_how(hows: list[dict]) -> dict:
     """How the documents ran, as one record: the largest batch, every replay, any fallback."""
     replays = {part for h in hows for part in h["replay"].split("+")}
     record = {"replay": "+".join(sorted(replays, reverse=True)),

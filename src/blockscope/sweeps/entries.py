@@ -1,0 +1,108 @@
+"""Where the engine enters the stack for a variant, and the residual it enters with.
+
+`start` is the one place that turns an intervention into an engine entry point, using the
+facts of `arch.layout` and the intervention's own `apply`, applied to the cached clean
+activation and its change carried into the stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from blockscope.interventions import RemoveWrite, ScaleHeads, SkipBlock, hooks
+from blockscope.model import arch
+from blockscope.sweeps import clean, engine, replay
+from blockscope.sweeps.sweep import Variant
+
+
+def start(model, lay: arch.Layout, v: Variant, base: tuple = ()) -> engine.Start:
+    """Where the engine enters the stack for variant `v`, and the residual it enters with:
+    the variant's one intervention `apply`d to the cached clean activation, its change
+    carried into the stream (as is for a write, through W_O for heads' z).
+
+    One intervention in a block no user's hook sits in enters as late as the layout allows
+    (see engine.py); anything else enters at the first block it touches with the
+    interventions' own hooks on, which is the naive loop's run from that block on."""
+    first = min(e.layer for e in v.edits)
+    generic = engine.Start(v.label, first, lambda c: c.entering(first), hooks=hooks(v.edits))
+    if len(v.edits) > 1 and _skips_only(v) and not any(replay.hooked(b) for b in model.blocks):
+        return _blocks_start(len(model.blocks), v, base)
+    if len(v.edits) != 1 or replay.hooked(model.blocks[first]):
+        return generic
+    e = v.edits[0]
+    k = e.layer
+    if isinstance(e, SkipBlock):  # the block's output, from what it received
+        return engine.Start(v.label, k + 1, lambda c: e.apply(c.entering(k + 1), c.pre[k]),
+                            kind="block")
+    if isinstance(e, RemoveWrite) and lay.parallel:  # output + (write' - write)
+        write = f"hook_{e.part}_out"
+        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + _change(
+            e, c.act(write, k)), relies_on="halves", kind="half")
+    if isinstance(e, RemoveWrite) and e.part == "mlp":  # sequential: mid + write', the
+        def after_mlp(c):  # MLP's write being what it added to the mid residual
+            mid = c.act("hook_resid_mid", k)
+            return mid + e.apply(c.entering(k + 1) - mid)
+
+        return engine.Start(v.label, k + 1, after_mlp, kind="mlp")
+    if not lay.mlp_alone:  # no entry at the mid residual
+        return generic
+    if isinstance(e, RemoveWrite):  # sequential attn: mid := input + write', the MLP half
+        return engine.Start(v.label, k, lambda c: c.pre[k] + e.apply(
+            c.act("hook_resid_mid", k) - c.pre[k]), mid=True, kind="attn")
+    if not lay.linear_heads:
+        return generic
+    delta = _heads_change(model, e)
+    if lay.parallel:
+        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + delta(c),
+                            relies_on="heads", kind="heads")
+    return engine.Start(v.label, k, lambda c: c.act("hook_resid_mid", k) + delta(c),
+                        mid=True, relies_on="heads", kind="heads")
+
+
+def _skips_only(v: Variant) -> bool:
+    return all(isinstance(e, SkipBlock) for e in v.edits)
+
+
+def shared_skips(variants: Sequence[Variant]) -> tuple:
+    """The SkipBlocks (the same objects) that every variant removing several blocks holds:
+    the engine runs the model without them once per window, and each variant from there."""
+    sets = [v.edits for v in variants if len(v.edits) > 1 and _skips_only(v)]
+    if len(sets) < 2:
+        return ()
+    return tuple(e for e in sets[0] if all(any(e is f for f in s) for s in sets[1:]))
+
+
+def _blocks_start(n_layers: int, v: Variant, base: tuple) -> engine.Start:
+    """Several blocks skipped: enter after the first one `base` does not hold, from the
+    input the model without `base`'s blocks gives it (`engine.pruned`), skipping the
+    variant's later blocks on the way (`base` is a subset of the variant's edits)."""
+    rest = [e for e in v.edits if not any(e is b for b in base)]
+    skip = {e.layer: e for e in v.edits}
+    if not rest:  # the pruned model itself: straight to the unembedding
+        return engine.Start(v.label, n_layers, lambda c: c.pre[n_layers], base=base,
+                            kind="blocks")
+    e = min(rest, key=lambda e: e.layer)
+    k = e.layer
+    return engine.Start(v.label, k + 1, lambda c: e.apply(c.pre[k + 1], c.pre[k]),
+                        skips={j: s for j, s in skip.items() if j > k}, base=base,
+                        kind="blocks" + "-shared" * bool(base))
+
+
+def _change(e, activation: torch.Tensor) -> torch.Tensor:
+    """What `e` adds to the stream where `activation` is written: apply(a) - a."""
+    return e.apply(activation) - activation
+
+
+def _heads_change(model, e: ScaleHeads) -> Callable:
+    """The change in layer `e.layer`'s attention write: (apply(z) - z) W_O, over the heads
+    `e` changes only (the others' change is exactly 0)."""
+    idx = (e.keep != 1).nonzero().flatten()
+    changed = ScaleHeads(e.layer, e.keep[idx], None if e.fill is None else e.fill[idx])
+
+    def delta(clean: clean.Clean) -> torch.Tensor:
+        z = clean.act("attn.hook_z", e.layer)[0][:, idx]  # (T, k, d_head)
+        W_O = model.blocks[e.layer].attn.W_O[idx]  # (k, d_head, d_model)
+        return torch.einsum("thd,hde->te", _change(changed, z), W_O.to(z))  # (T, d_model)
+
+    return delta
