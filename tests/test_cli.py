@@ -269,6 +269,36 @@ def test_prune_heads_bad_filters(run, tiny_dir, tmp_path, args, message):
     assert not (tmp_path / "r").exists()
 
 
+def test_prune_blocks_writes_curves_plot_and_sidecar(run, tiny_dir, tmp_path):
+    res = run("prune-blocks", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 300, "--order",
+              "greedy", "--order", "angular", "--max-removed", 2, "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "greedy order" in res.stdout and "not a cumulative" in res.stdout
+    curve = pd.read_csv(result(tmp_path, "prune-blocks-tiny-gpt2-alice.csv"),
+                        keep_default_na=False)
+    assert list(curve.columns) == ["order", "step", "removed", "n_removed", "share_params",
+                                   "n_scored", "nll", "perplexity", "delta", "ratio",
+                                   "ci_low", "ci_high", "delta_ci_low", "delta_ci_high"]
+    assert list(curve["n_removed"]) == [0, 1, 2, 0, 1, 2]
+    assert curve.loc[0, "removed"] == "" and curve.loc[1:, "ci_low"].ne("").all()
+    assert result(tmp_path, "prune-blocks-tiny-gpt2-alice.png").exists()
+    meta = json.loads(result(tmp_path, "prune-blocks-tiny-gpt2-alice.json").read_text())
+    assert set(meta["headline"]) == {"greedy", "angular"} and meta["max_removed"] == 2
+    assert meta["replay"] == "plain" and len(meta["block_metrics"]["angular"]) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-removed", "4"], "--max-removed"),
+    (["--max-removed", "0"], "--max-removed"),
+    (["--tolerance", "-1"], "--tolerance"),
+])
+def test_prune_blocks_bad_input(run, tiny_dir, tmp_path, args, message):
+    res = run("prune-blocks", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 10, *args,
+              "--out-dir", tmp_path / "r")
+    assert message in one_error_line(res)
+    assert not (tmp_path / "r").exists()
+
+
 def test_help_does_not_import_torch():
     """`blockscope --help` stays instant: the heavy imports live inside the commands."""
     import subprocess

@@ -9,6 +9,7 @@ import sys
 
 from blockscope.cli import (  # noqa: F401  (registers the commands)
     ablate,
+    blocks,
     heads,
     lens,
     memory,

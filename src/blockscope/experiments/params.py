@@ -63,6 +63,21 @@ def _component(name: str) -> tuple[str, int | None]:
     return "block other", int(m.group(1))
 
 
+def block_counts(config) -> tuple[list[int], int]:
+    """Parameters of each block and of the whole model (tied ones once), from the config
+    (a meta-device HF model: the bridge holds split copies of fused weights besides)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    counts: dict[int | None, int] = {}
+    for name, p in model.named_parameters():
+        layer = _component(name)[1]
+        counts[layer] = counts.get(layer, 0) + p.numel()
+    n = max(k for k in counts if k is not None) + 1
+    return [counts.get(i, 0) for i in range(n)], sum(counts.values())
+
+
 def parameter_counts(config, *, n_heads: int | None = None) -> pd.DataFrame:
     """Rows (component, scope, parameters, share_of_block, share_of_model) for one config."""
     from transformers import AutoModelForCausalLM

@@ -153,6 +153,27 @@ def prune_heads_plot(per_head: pd.DataFrame, curve: pd.DataFrame, *, n_layers: i
     return fig
 
 
+def prune_blocks_plot(curve: pd.DataFrame, *, n_layers: int, tolerance: float,
+                      title: str) -> Figure:
+    """Perplexity against blocks removed, one line per order, the tolerance band shaded."""
+    fig, ax = _subplots(figsize=(8, 4.5))
+    base = curve.loc[0, "perplexity"]
+    ax.axhspan(base, base * (1 + tolerance), color="tab:green", alpha=0.15,
+               label=f"within +{tolerance:.0%}")
+    styles = list(zip(("o", "s", "^", "D", "v"), ("-", "--", "-.", ":", "-"), (7, 6, 5, 4, 3),
+                      strict=True))
+    for (order, group), (marker, line, size) in zip(curve.groupby("order", sort=False),
+                                                    styles, strict=False):  # coinciding
+        #   curves stay visible: each order its marker, line style and size
+        label = f"{order} (windows)" if order == "angular" else order
+        ax.plot(group["n_removed"], group["perplexity"], marker=marker, linestyle=line,
+                markersize=size, label=label, alpha=0.9)
+    _log_y(ax)
+    ax.set_xticks(range(0, n_layers + 1, 1 if n_layers <= 16 else 2))
+    ax.set_xlim(-0.3, curve["n_removed"].max() + 0.3)
+    return _finish(fig, ax, f"blocks removed (of {n_layers})", "perplexity (log scale)", title)
+
+
 PARAM_PARTS = {  # stacked-bar segment -> components of the `params` table
     "embeddings": ["token embeddings", "position embeddings", "unembedding (untied)"],
     "attention": ["attention"],
