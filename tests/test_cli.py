@@ -270,7 +270,7 @@ def test_prune_heads_bad_filters(run, tiny_dir, tmp_path, args, message):
 
 
 def test_prune_blocks_writes_curves_plot_and_sidecar(run, tiny_dir, tmp_path):
-    res = run("prune-blocks", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 300, "--order",
+    res = run("prune-blocks", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 260, "--order",
               "greedy", "--order", "angular", "--max-removed", 2, "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
     assert "greedy order" in res.stdout and "not a cumulative" in res.stdout
