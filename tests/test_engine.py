@@ -41,6 +41,11 @@ def same(a, b):
     assert a["n_scored"].tolist() == b["n_scored"].tolist()
     assert torch.allclose(torch.tensor(a["perplexity"].tolist()),
                           torch.tensor(b["perplexity"].tolist()), rtol=REL, atol=0)
+    # the KL from the clean distribution: to the NLL's own precision, relative where large
+    if "kl" in a:
+        assert not a["kl"].isna().any() and not b["kl"].isna().any()
+        assert a["kl"].tolist() == pytest.approx(b["kl"].tolist(), rel=10 * REL,
+                                                 abs=REL * float(a["nll"].iloc[0]))
 
 
 @pytest.mark.parametrize("part", ["block", "attn", "mlp"])
@@ -91,6 +96,9 @@ def test_pruning_curve_equals_naive(tiny, ids, order):
         assert torch.allclose(torch.tensor(naive[column].tolist(), dtype=torch.float64),
                               torch.tensor(fast[column].tolist(), dtype=torch.float64),
                               rtol=REL, atol=atol, equal_nan=True), column
+    assert not fast["kl"].isna().any()
+    assert fast["kl"].tolist() == pytest.approx(naive["kl"].tolist(), rel=10 * REL,
+                                                abs=REL * float(naive["nll"].iloc[0]))
 
 
 @pytest.mark.parametrize("ids", ["short"], indirect=True)

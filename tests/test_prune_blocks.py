@@ -49,6 +49,15 @@ def hf_ppl(model, ids) -> float:
         return math.exp(float(model(ids, labels=ids, use_cache=False).loss))
 
 
+def hf_kl(clean, model, ids) -> float:
+    """Mean over the scored tokens of KL(p_clean || p_model), from both HF models' logits
+    (torch's kl_div, float64)."""
+    with torch.inference_mode():
+        p, q = (m(ids, use_cache=False).logits[0, :-1].double().log_softmax(-1)
+                for m in (clean, model))
+    return float(torch.nn.functional.kl_div(q, p, log_target=True, reduction="sum")) / len(p)
+
+
 def blocks_of(removed: str) -> list[int]:
     return [int(i) for i in removed.split(",")] if removed else []
 
@@ -64,14 +73,18 @@ def curves(fam):
 
 def test_every_step_equals_hf_with_those_blocks_deleted(fam, curves):
     family, model, hf, ids = fam
-    ppl = {}
+    ppl, kl = {}, {}
     for c in curves["cached"][0]:
         for r in c.itertuples():
             key = tuple(sorted(blocks_of(r.removed)))
             if key not in ppl:
-                ppl[key] = hf_ppl(without(hf, family, key), ids)
+                cut = without(hf, family, key)
+                ppl[key], kl[key] = hf_ppl(cut, ids), hf_kl(hf, cut, ids)
             assert r.perplexity == pytest.approx(ppl[key], rel=1e-5), (r.order, key)
+            # the KL to the NLL's own precision (1e-5 of it), and relative where it is large
+            assert r.kl == pytest.approx(kl[key], rel=1e-4, abs=1e-5 * r.nll), (r.order, key)
     assert len(ppl) > 6  # the orders really differ
+    assert min(v for k, v in kl.items() if k) > 1e-3  # the KL is not vanishingly small
 
 
 def test_engine_equals_naive(curves):
@@ -80,6 +93,8 @@ def test_engine_equals_naive(curves):
         cached = cached_of[naive.loc[0, "order"]]
         assert list(cached["removed"]) == list(naive["removed"])
         assert cached["nll"].tolist() == pytest.approx(naive["nll"].tolist(), rel=1e-5)
+        assert cached["kl"].tolist() == pytest.approx(naive["kl"].tolist(), rel=1e-4,
+                                                      abs=1e-5 * naive.loc[0, "nll"])
         assert "fallback" not in cached.attrs["engine"]
     assert curves["cached"][0][0].attrs["engine"]["replay"] != "naive"
 

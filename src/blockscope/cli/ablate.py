@@ -56,6 +56,7 @@ def ablate(o: Ablate) -> None:
     """
     from blockscope.experiments import ablate as experiment
     from blockscope.results.render import progress_bar
+    from blockscope.sweeps import stats
     from blockscope.sweeps.stats import Bootstrap
 
     started = time.perf_counter()
@@ -81,7 +82,7 @@ def ablate(o: Ablate) -> None:
         out.print(stability_line(uncertainty), highlight=False, soft_wrap=True)
     meta = run.meta("ablate", n_scored=int(df.loc[0, "n_scored"]), part=part, method=method,
                     engine=o.sweep.engine.value, **engine_record(df),
-                    block_metrics=experiment.metrics_meaning(part),
+                    block_metrics=experiment.metrics_meaning(part), kl=stats.KL_MEANING,
                     spearman_with_delta=correlations, uncertainty=uncertainty,
                     sweep_s=round(sweep_s, 3), wall_time_s=round(time.perf_counter() - started, 3))
     stem = f"ablate-{run.spec.slug}-{source.stem}{o.suffix}"
@@ -132,6 +133,7 @@ def ablation_table(df, title: str):
          "ppl": ("perplexity [95% CI]" if ci else "perplexity", "s"),
          "change": ("change [95% CI, paired]" if ci else "change", "s"),
          "ratio": ("ratio", ".3f"),
+         "kl": ("KL", ".4f"),
          "block_influence": ("block influence", ".3f"),
          "angular_distance": ("angular dist.", ".3f")},
         title=f"{title}; part={part}, method={method}",

@@ -89,6 +89,7 @@ def prune_heads(o: PruneHeads) -> None:
     """
     from blockscope.experiments import heads as experiment
     from blockscope.experiments import pruning
+    from blockscope.sweeps import stats
 
     started = time.perf_counter()
     source = o.passage.source(o.seed, o.window)
@@ -114,7 +115,7 @@ def prune_heads(o: PruneHeads) -> None:
                     method=o.method.value, engine=o.sweep.engine.value,
                     **engine_record(ablation, *curves, one), orders=o.orders, step=o.step,
                     tolerance=o.tolerance, seed=o.seed, layers=o.layer_ids, heads=o.head_ids,
-                    **experiment.MEANINGS, uncertainty=uncertainty,
+                    **experiment.MEANINGS, kl=stats.KL_MEANING, uncertainty=uncertainty,
                     headline={k: {f: v for f, v in h.items() if f != "sentence"}
                               for k, h in headline.items()},
                     wall_time_s=round(time.perf_counter() - started, 3))
@@ -176,7 +177,7 @@ def render(per_head, curves, one, sentences, name: str, cfg) -> None:
     for c in curves:
         out.print(table(c, {"step": ("step", "d"), "heads_removed": ("heads removed", "d"),
                             "share_removed": ("share", ".0%"), "perplexity": ("perplexity", ",.2f"),
-                            "ratio": ("x baseline", ".3f")},
+                            "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f")},
                         title=f"pruning curve, {c.loc[0, 'order']} order"))
     one = one.assign(layer=[("baseline" if v != v or v is None else str(v))
                             for v in one["layer"].astype(object).fillna(float("nan"))])

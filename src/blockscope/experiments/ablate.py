@@ -81,7 +81,7 @@ def block_ablation(
 
 
 COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
-           "ratio", "block_influence", "angular_distance"]
+           "ratio", "kl", "block_influence", "angular_distance"]
 CI_COLUMNS = ["ci_low", "ci_high", "delta_ci_low", "delta_ci_high"]
 
 

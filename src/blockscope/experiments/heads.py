@@ -152,6 +152,6 @@ def head_table(ablation: pd.DataFrame, importance, normalised) -> pd.DataFrame:
     df["normalized_importance"] = normalised[layer, head].numpy()
     ranks = (-normalised).flatten().argsort(stable=True).argsort() + 1  # 1 = most important
     df["rank"] = ranks.reshape(normalised.shape)[layer, head].numpy()
-    return df[["layer", "head", "method", "ablation_perplexity", "delta", "ratio",
+    return df[["layer", "head", "method", "ablation_perplexity", "delta", "ratio", "kl",
                "gradient_importance", "normalized_importance", "rank", "ci_low", "ci_high",
                "delta_ci_low", "delta_ci_high"]]

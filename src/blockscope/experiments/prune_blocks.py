@@ -31,8 +31,8 @@ from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
 ORDERS = ("greedy", "ablation", "influence", "angular", "random")
-ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "ci_low", "ci_high", "delta_ci_low",
-       "delta_ci_high"]
+ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",
+       "delta_ci_low", "delta_ci_high"]
 COLUMNS = ["order", "step", "removed", "n_removed", "share_params", *ROW]
 MEANINGS = {
     "removed": "the blocks removed at that step (counting from 0), in the order removed; "
@@ -181,7 +181,8 @@ def _curve(order, base, steps, scores, per, total, ci) -> pd.DataFrame:
              **base.frame(ci).iloc[0][ROW].to_dict()}]
     for k, (blocks, (s, col)) in enumerate(zip(steps, scores, strict=True), 1):
         pair = dataclasses.replace(base, labels=base.labels + [s.labels[col]],
-                                   sums=np.concatenate([base.sums, s.sums[:, col:col + 1]], 1))
+                                   sums=np.concatenate([base.sums, s.sums[:, col:col + 1]], 1),
+                                   kl=np.concatenate([base.kl, s.kl[:, col:col + 1]], 1))
         hows.append(s.how)
         rows.append({"order": order, "step": k, "removed": ",".join(map(str, blocks)),
                      "n_removed": len(blocks),

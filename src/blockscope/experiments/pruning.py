@@ -22,8 +22,8 @@ from blockscope.sweeps.sweep import Progress, Variant
 
 ORDERS = ("gradient", "ablation", "random")
 # What each pruning step records of its run (the intervals are paired with step 0).
-ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "ci_low", "ci_high", "delta_ci_low",
-       "delta_ci_high"]
+ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",
+       "delta_ci_low", "delta_ci_high"]
 
 
 def check_pruning(order: str, step: float) -> None:
@@ -96,10 +96,11 @@ def pruning_curve(
         removed += len(chosen)
         if fused and removed < n_total:  # this step's NLL and the next step's gradient
             _, score, scored = gradient_pass(model, docs, stride=stride, keep=keep,
-                                             prepared=prepared)
+                                             prepared=prepared, kl=True)
             df = dataclasses.replace(
                 base, labels=base.labels + scored.labels,
-                sums=np.concatenate([base.sums, scored.sums], axis=1)).frame(ci)
+                sums=np.concatenate([base.sums, scored.sums], axis=1),
+                kl=np.concatenate([base.kl, scored.kl], axis=1)).frame(ci)
             ran = scored.how
         else:
             df = run([Variant({}, tuple(head_edits(keep.clone(), fill)))])

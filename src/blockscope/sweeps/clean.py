@@ -35,6 +35,15 @@ class Clean:
     #   for the blocks that have such hooks: re-entering there must not apply them twice
     checked: dict = field(default_factory=dict)  # selfcheck's verdicts on this pass
     views: dict = field(default_factory=dict)  # passes derived from it (`engine.pruned`)
+    logits: torch.Tensor | None = None  # (n_scored, d_vocab) the naive loop's reference
+    #   pass keeps its logits: each variant's KL is taken against them
+
+    def reference(self, model, softcap: float | None) -> unembed.Reference | None:
+        """The clean distribution at the scored positions, for the engine's KL (computed
+        once per pass)."""
+        if "kl" not in self.views:
+            self.views["kl"] = unembed.reference(model, self.pre[-1], self.window, softcap)
+        return self.views["kl"]
 
     def entering(self, layer: int) -> torch.Tensor:
         """What block `layer` receives, to run it again with its own hooks."""
@@ -65,6 +74,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
     n = model.cfg.n_layers
     chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
     pre, acts, args_of = [None] * (n + 1), {}, [None] * n
+    kept = None
 
     def keep(i=None, name=None):
         def hook(act, hook=None):
@@ -109,6 +119,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
             else:
                 logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
                 nll = ref = nll_from_logits(logits[0], chunk, w)
+                kept = logits[0, w.offset - 1 : -1] if reference else None
     finally:
         for h in handles:
             h.remove()
@@ -116,7 +127,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
             handle.hook.remove()
             point.fwd_hooks.remove(handle)
         drop_patterns(model)
-    return Clean(w, chunk, args_of, pre, acts, nll, ref, raw)
+    return Clean(w, chunk, args_of, pre, acts, nll, ref, raw, logits=kept)
 
 
 def drop_patterns(model) -> None:

@@ -64,13 +64,15 @@ class Start:
     #   variant also skips (several blocks removed at once)
     base: tuple = ()  # SkipBlocks the variant shares with the others of its sweep: `resid`
     #   reads the pass of the model without them (`pruned`), computed once per window
+    with_plain: bool = False  # `resid(clean, plain)` runs blocks itself (a rearrangement)
 
 
 def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | None = None
               ) -> list[torch.Tensor]:
-    """NLL rows (n_scored,) for variants entering the stack at `(layer, mid, x[, skips])`:
-    block `layer` (its MLP half if `mid`) with residual x (1, T, d_model), then skipping the
-    blocks in `skips` (layer -> SkipBlock). They run as one batch that grows block by block
+    """Score rows (2, n_scored) (NLL; KL from the clean distribution) for variants
+    entering the stack at `(layer, mid, x[, skips])`: block `layer` (its MLP half if
+    `mid`) with residual x (1, T, d_model), then skipping the blocks in `skips` (layer ->
+    SkipBlock). They run as one batch that grows block by block
     as variants join it, then the final norm and unembedding."""
     order = []  # the entry of each row of x, in row order
     skips = [e[3] if len(e) > 3 else {} for e in entries]
@@ -103,10 +105,12 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | 
                 x = m if x is None else torch.cat([x, m])
             x = _rejoin(x, order, held)
         x = join(x, False, len(model.blocks))
-        nll = unembed.final_nll(model, x, clean.chunk, clean.window, lay.softcap)  # (B, n)
+        ref = clean.reference(model, lay.softcap)
+        nll = unembed.final_nll(model, x, clean.chunk, clean.window, lay.softcap, ref)
+        nll, kl = nll if ref is not None else (nll, torch.full_like(nll, float("nan")))
     rows: list = [None] * len(entries)
-    for i, row in zip(order, nll, strict=True):
-        rows[i] = row.double().cpu()
+    for i, row, div in zip(order, nll, kl, strict=True):  # (n,) each
+        rows[i] = torch.stack([row, div]).double().cpu()
     return rows
 
 
@@ -171,8 +175,9 @@ def engine_nlls(
     batch_size: int | None = None,
     progress=None,
 ) -> tuple[list[torch.Tensor], dict]:
-    """Per-token NLL `(n_scored,)` float64 of the clean pass, then of each variant, and how
-    they ran: the batch size and the blocks replayed ("plain", "bridge" or "plain+bridge").
+    """Per-token scores `(2, n_scored)` float64 (row 0 the NLL, row 1 the KL divergence from
+    the clean distribution: `unembed.final_nll`) of the clean pass, then of each variant,
+    and how they ran: the batch size and the blocks replayed ("plain", "bridge" or "plain+bridge").
 
     Each window's clean pass (kept hook points: `names`) is checked by `selfcheck.verify`
     first (`ReplayMismatch` if the replay does not reproduce it)."""
@@ -187,7 +192,8 @@ def engine_nlls(
     for wi, w in enumerate(wins):
         clean = cleans[wi] if cleans is not None else clean_pass(
             model, tokens, w, [*kept_names(lay, len(model.blocks), z=False), *names])
-        baseline.append(clean.nll.double().cpu())
+        base = clean.nll.double().cpu()
+        baseline.append(torch.stack([base, torch.zeros_like(base)]))
         plain = selfcheck.verify(model, lay, clean, variants, steps.plain_parts(model))
         size = (batch_size or default_batch_size(model, w.end - w.begin, True)) if plain else 1
         how["replay"].add("bridge" if plain is None else "plain")
@@ -195,7 +201,8 @@ def engine_nlls(
         for group in _groups(variants, size):
             with torch.inference_mode(), applied(model, variants[group[0]].hooks):
                 entries = [(variants[i].layer, variants[i].mid,
-                            variants[i].resid(pruned(model, clean, variants[i].base, plain)),
+                            _entering(variants[i], pruned(model, clean, variants[i].base,
+                                                          plain), plain),
                             variants[i].skips) for i in group]
                 rows = run_group(model, lay, clean, entries, plain)
             for i, row in zip(group, rows, strict=True):
@@ -205,9 +212,14 @@ def engine_nlls(
                     progress()
     if progress:
         progress()
-    return [torch.cat(baseline)] + [torch.cat(n) for n in nlls], {
+    return [torch.cat(baseline, 1)] + [torch.cat(n, 1) for n in nlls], {
         "replay": "+".join(sorted(how["replay"], reverse=True)),
         "batch_size": max(how["batch_size"])}
+
+
+def _entering(v: Start, clean: Clean, plain) -> torch.Tensor:
+    """The residual variant `v` enters with (its blocks run plainly where it runs any)."""
+    return v.resid(clean, plain) if v.with_plain else v.resid(clean)
 
 
 def pruned(model, clean: Clean, base: tuple, plain) -> Clean:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from blockscope.interventions import RemoveWrite, ScaleHeads, SkipBlock, hooks
+from blockscope.interventions import Rearrange, RemoveWrite, ScaleHeads, SkipBlock, hooks
 from blockscope.model import arch
-from blockscope.sweeps import clean, engine, replay
+from blockscope.sweeps import clean, engine, replay, steps
 from blockscope.sweeps.sweep import Variant
 
 
@@ -32,6 +32,10 @@ def start(model, lay: arch.Layout, v: Variant, base: tuple = ()) -> engine.Start
         return generic
     e = v.edits[0]
     k = e.layer
+    if isinstance(e, Rearrange):  # the window's output, its blocks run as the replay runs
+        return engine.Start(v.label, e.last + 1, lambda c, plain: e.apply(
+            c.entering(k), lambda j, x: steps.block_step(model, c, j, x, plain)),
+            kind="rearranged", with_plain=True)
     if isinstance(e, SkipBlock):  # the block's output, from what it received
         return engine.Start(v.label, k + 1, lambda c: e.apply(c.entering(k + 1), c.pre[k]),
                             kind="block")

@@ -4,7 +4,9 @@ multiplying each head's z, with the weights frozen, and the NLL of the same pass
 The second way through the stack beside `plan.scores`: the plain replay with the mask
 applied to each head's z (`interventions.ScaleHeads.apply`), once
 `selfcheck.gradient_replay` has held it to the hooked model on each window; otherwise, and
-on any mismatch (said in `how["fallback"]`), the hooked bridge.
+on any mismatch (said in `how["fallback"]`), the hooked bridge. Each window's KL from the
+clean distribution is read off the same pass's final residual (`unembed.final_nll` with the
+clean pass's `Reference`; a clean pass of the window is run for it where none is cached).
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
 from blockscope.interventions import applied, mask_heads
 from blockscope.model import arch
-from blockscope.sweeps import plan, replay, selfcheck
+from blockscope.sweeps import clean, plan, replay, selfcheck, unembed
 from blockscope.sweeps.steps import fused_gelu
 from blockscope.sweeps.sweep import model_windows, window_nll
 
 
 def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
-                  prepared: plan.Prepared | None = None
+                  prepared: plan.Prepared | None = None, kl: bool = False,
                   ) -> tuple[torch.Tensor, torch.Tensor, plan.Scores]:
     """`head_importance`, and the NLL of the same forward passes as `plan.Scores` (one
-    column: the model with heads scaled by `keep`, the hooked forward the gradient needs).
+    column: the model with heads scaled by `keep`, the hooked forward the gradient needs;
+    its KL from the clean distribution with `kl`, else NaN).
 
     Given the cached clean passes of the one document (`prepared`), the forward and backward
     run as the plain replay (fused attention) with the mask applied to each head's z, once
@@ -48,26 +51,42 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                 nlls = []
                 for wi, w in enumerate(model_windows(model, ids, stride)):
                     plain = ran = None
-                    if cleans is not None:  # `ran`: the check's own pass, if it just ran
-                        plain, why, ran = selfcheck.gradient_replay(model, lay, cleans[wi],
-                                                                    mask)
-                        if why:
-                            how["fallback"] = why
-                    if ran is not None:
-                        nll, grad = ran
-                    elif plain is not None:
-                        with fused_gelu(model):
-                            nll = replay.masked_nll(model, plain, cleans[wi], mask, lay.softcap)
-                    else:
-                        with applied(model, mask_heads(mask)):
-                            nll = window_nll(model, ids, w)  # (n_scored,)
+                    final: list[torch.Tensor] = []  # what ln_final received, pass by pass
+                    # (a torch pre-hook, not a hook point: the replay runs only unhooked)
+                    handle = model.ln_final.register_forward_pre_hook(
+                        lambda m, args, final=final: final.append(args[0].detach()))
+                    try:
+                        if cleans is not None:  # `ran`: the check's own pass, if it just ran
+                            plain, why, ran = selfcheck.gradient_replay(model, lay, cleans[wi],
+                                                                        mask)
+                            if why:
+                                how["fallback"] = why
+                        if ran is not None:
+                            nll, grad = ran
+                        elif plain is not None:
+                            with fused_gelu(model):
+                                nll = replay.masked_nll(model, plain, cleans[wi], mask,
+                                                        lay.softcap)
+                        else:
+                            with applied(model, mask_heads(mask)):
+                                nll = window_nll(model, ids, w)  # (n_scored,)
+                    finally:
+                        handle.remove()
+                    # the pass scored: the check ran the replay, then the hooked model, and
+                    # `ran` is the hooked model's unless the replay agreed
+                    x = final[1 if ran is not None and plain is None else 0]
                     how["replay"].add("plain" if plain is not None else "bridge")
                     if ran is None:
                         (grad,) = torch.autograd.grad(nll.sum(), mask)
                     summed += (grad.abs() * (mask.detach() != 0)).double().cpu()  # removed: 0
                     n_scored += nll.numel()
-                    nlls.append(nll.detach().double().cpu())
-                units += plan.doc_units(index, torch.cat(nlls)[None], docs.unit)
+                    div = torch.full((nll.numel(),), float("nan"), dtype=torch.float64)
+                    if kl:
+                        ref = cleans[wi] if cleans is not None else clean.clean_pass(
+                            model, ids, w)
+                        div = _kl(model, lay, ref, x)
+                    nlls.append(torch.stack([nll.detach().double().cpu(), div]))
+                units += plan.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
     finally:
         for p in params:
             p.requires_grad_(True)
@@ -78,3 +97,14 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     how["replay"] = "+".join(sorted(how["replay"], reverse=True))
     scored = plan.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
     return importance, normalised, scored
+
+
+def _kl(model, lay, c: clean.Clean, x: torch.Tensor) -> torch.Tensor:
+    """KL (n_scored,) float64 from the clean distribution of `c`'s window, of the pass whose
+    final residual is x (1, T, d_model); NaN where the unembedding is hooked."""
+    ref = c.reference(model, lay.softcap)
+    if ref is None:
+        return torch.full((c.nll.numel(),), float("nan"), dtype=torch.float64)
+    with torch.inference_mode():
+        _, kl = unembed.final_nll(model, x.to(ref.h.dtype), c.chunk, c.window, lay.softcap, ref)
+    return kl[0].double().cpu()

@@ -96,26 +96,30 @@ class Scores:
     counts: np.ndarray  # (U,) tokens scored per unit
     unit: str  # "document" or "chunk"
     how: dict  # how the engine ran (replay, batch size, any fallback)
+    kl: np.ndarray | None = None  # (U, V) summed KL divergence from the clean distribution
 
     def frame(self, ci: stats.Bootstrap | None = None) -> pd.DataFrame:
         """Baseline row, then one row per variant (`stats.frame`); attrs["engine"] = how."""
-        df = stats.frame(self.labels, self.sums, self.counts, ci, self.unit)
+        df = stats.frame(self.labels, self.sums, self.counts, ci, self.unit, self.kl)
         df.attrs["engine"] = self.how
         return df
 
 
 def gather_units(docs, units: list, hows: list[dict], labels: list[dict]) -> Scores:
-    """`units` = [(doc index, chunk, sums (V,), count)] of this process, and how each
+    """`units` = [(doc index, chunk, sums (V, 2), count)] of this process, and how each
     document ran, joined with every other process's, in corpus order."""
     gathered = docs.comm.gather((units, hows))
     units = sorted((u for part, _ in gathered for u in part), key=lambda u: u[:2])
-    return Scores(labels, np.stack([u[2] for u in units]), np.array([u[3] for u in units]),
-                  docs.unit, merged_how([h for _, part in gathered for h in part]))
+    sums = np.stack([u[2] for u in units])  # (U, V, 2): NLL and KL
+    return Scores(labels, sums[..., 0], np.array([u[3] for u in units]),
+                  docs.unit, merged_how([h for _, part in gathered for h in part]),
+                  kl=sums[..., 1])
 
 
-def doc_units(index: int, nll: torch.Tensor, unit: str) -> list:
-    """One document's per-token NLL (V, n) as units [(index, chunk, sums (V,), count)]."""
-    sums, counts = stats.unit_sums(nll, unit)  # (u, V), (u,)
+def doc_units(index: int, scores: torch.Tensor, unit: str) -> list:
+    """One document's per-token scores (V, 2, n) as units [(index, chunk, sums (V, 2),
+    count)]."""
+    sums, counts = stats.unit_sums(scores, unit)  # (u, V, 2), (u,)
     return [(index, j, s, c) for j, (s, c) in enumerate(zip(sums, counts, strict=True))]
 
 
@@ -176,8 +180,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, prepared_here
             _reference(model, ids, wins) if on_clean else None)
         for c in refs if on_clean else ():
             on_clean(c)
-        return (naive_nlls(model, ids, variants, wins=wins,
-                           baseline_nll=None if refs is None else _nll_of(refs),
+        return (naive_nlls(model, ids, variants, wins=wins, reference=refs,
                            progress=progress), {"replay": "naive", "batch_size": 1})
     cleans = prepared.cleans if prepared_here else [clean.clean_pass(model, ids, w, prepared.names)
                                              for w in wins]
@@ -198,16 +201,11 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, prepared_here
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:
-    """The naive loop's clean passes: its baseline forward (`sweep.token_nll`'s full logits),
-    each block's input and the points between its halves (`clean.kept_names`) kept as it
-    goes by."""
+    """The naive loop's clean passes: its baseline forward (`sweep.token_nll`'s full logits,
+    kept for the KL), each block's input and the points between its halves
+    (`clean.kept_names`) kept as it goes by."""
     names = clean.kept_names(arch.layout(model), model.cfg.n_layers, z=False)
     return [clean.clean_pass(model, ids, w, names, reference=True) for w in wins]
-
-
-def _nll_of(passes: list[clean.Clean]) -> torch.Tensor:
-    """The clean NLL of these windows, in order, (n_scored,) float64, as `token_nll` gives."""
-    return torch.cat([c.nll for c in passes]).double().cpu()
 
 
 def merged_how(hows: list[dict]) -> dict:

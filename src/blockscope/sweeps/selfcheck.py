@@ -254,10 +254,10 @@ def check_variants(model, ids, w: Window, c: Clean, nlls: list[torch.Tensor], va
     n = min(CHECKED_TOKENS, w.end - w.first_target)
     prefix = Window(w.begin, w.first_target + n, w.first_target)
     want = naive_nlls(model, ids, [variants[i] for i in firsts.values()], wins=[prefix],
-                      baseline_nll=nlls[0][:n])
+                      baseline_nll=nlls[0][0, :n])
     limit = 8 * tolerance(model.cfg.dtype)
-    for (kind, i), reference in zip(firsts.items(), want[1:], strict=True):
-        got = nlls[i + 1][:n]
+    for (kind, i), reference in zip(firsts.items(), (w[0] for w in want[1:]), strict=True):
+        got = nlls[i + 1][0, :n]
         err = float((got - reference).abs().max() / reference.abs().max().clamp_min(1.0))
         c.checked[("variant", kind)] = True
         if not err <= limit:

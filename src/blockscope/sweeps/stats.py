@@ -17,6 +17,9 @@ import pandas as pd
 import torch
 
 CHUNK = 128  # tokens per resampled unit when there is one passage, not a corpus
+KL_MEANING = ("mean over the scored tokens of KL(p_clean || p_variant) in nats: the reference "
+              "distribution is the clean model's next-token distribution at the same position, "
+              "given the same context (0 for the baseline)")
 
 
 @dataclass(frozen=True)
@@ -29,14 +32,15 @@ class Bootstrap:
 
 
 def unit_sums(nll: torch.Tensor, unit: str) -> tuple[np.ndarray, np.ndarray]:
-    """(sums (U, V), counts (U,)) from per-token NLL (V, n) of one document: one unit for a
-    document, consecutive CHUNK-token chunks for a passage (the last one shorter)."""
+    """(sums (U, V, ...), counts (U,)) from per-token scores (V, ..., n) of one document (the
+    NLL (V, n), or NLL and KL (V, 2, n)): one unit for a document, consecutive CHUNK-token
+    chunks for a passage (the last one shorter)."""
     nll = nll.double().cpu()
     if unit == "document":
-        return nll.sum(1, keepdim=True).T.numpy(), np.array([nll.shape[1]])
-    parts = torch.split(nll, CHUNK, dim=1)
-    return (torch.stack([p.sum(1) for p in parts]).numpy(),
-            np.array([p.shape[1] for p in parts]))
+        return nll.sum(-1)[None].numpy(), np.array([nll.shape[-1]])
+    parts = torch.split(nll, CHUNK, dim=-1)
+    return (torch.stack([p.sum(-1) for p in parts]).numpy(),
+            np.array([p.shape[-1] for p in parts]))
 
 
 def resample(n_units: int, b: Bootstrap) -> np.ndarray:
@@ -52,17 +56,21 @@ def _perplexities(sums: np.ndarray, counts: np.ndarray, idx: np.ndarray) -> np.n
 
 
 def frame(labels: list[dict], sums: np.ndarray, counts: np.ndarray,
-          b: Bootstrap | None, unit: str) -> pd.DataFrame:
+          b: Bootstrap | None, unit: str, kl: np.ndarray | None = None) -> pd.DataFrame:
     """One row per variant (the baseline first): n_scored, nll, perplexity, delta, ratio,
-    and with `b`, ci_low/ci_high and the paired delta_ci_low/delta_ci_high.
+    kl, and with `b`, ci_low/ci_high and the paired delta_ci_low/delta_ci_high.
 
-    sums: (U, V) summed NLL per unit and variant; counts: (U,) tokens scored per unit."""
+    sums: (U, V) summed NLL per unit and variant; counts: (U,) tokens scored per unit; kl:
+    (U, V) summed KL divergence from the clean distribution (absent: the column is NaN)."""
+    if sums.ndim == 3:  # (U, V, 2): NLL and KL together, as `unit_sums` gives them
+        sums, kl = sums[..., 0], sums[..., 1]
     total, n = sums.sum(0), int(counts.sum())  # (V,)
     nll = total / n
     df = pd.DataFrame([{**label, "n_scored": n, "nll": float(v), "perplexity": math.exp(v)}
                        for label, v in zip(labels, nll, strict=True)])
     df["delta"] = df["perplexity"] - df.loc[0, "perplexity"]
     df["ratio"] = df["perplexity"] / df.loc[0, "perplexity"]
+    df["kl"] = kl.sum(0) / n if kl is not None else float("nan")
     record = {"unit": unit, "n_units": len(counts)}
     if b is not None and b.n > 0 and len(counts) >= 2:
         lo, hi = 50 * (1 - b.level), 50 * (1 + b.level)

@@ -63,6 +63,18 @@ def nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return total.log() + (top[:, 0] - target).double()
 
 
+def kl_from_logits(clean: torch.Tensor, logits: torch.Tensor, rows: int = 128
+                   ) -> torch.Tensor:
+    """KL(p_clean || p) (k,) float64 from full logits (k, d_vocab) of both, row blocks at a
+    time: sum_v p_c (log p_c - log p), in float64 (the naive loop's reference)."""
+    out = []
+    for r in range(0, clean.shape[0], rows):
+        lc = torch.log_softmax(clean[r : r + rows].double(), -1)
+        lv = torch.log_softmax(logits[r : r + rows].double(), -1)
+        out.append((lc.exp() * (lc - lv)).sum(-1))
+    return torch.cat(out)
+
+
 def token_nll(model, tokens: torch.Tensor, wins: Sequence[Window]) -> torch.Tensor:
     """Next-token negative log-likelihood of tokens 1..n-1, in order, `(n-1,)` float64."""
     with torch.inference_mode():
@@ -106,21 +118,46 @@ def naive_nlls(
     variants: Sequence[Variant],
     *,
     wins: Sequence[Window],
+    reference: Sequence | None = None,
     baseline_nll: torch.Tensor | None = None,
     progress: Progress | None = None,
 ) -> list[torch.Tensor]:
-    """Per-token NLL `(n_scored,)` float64 of the clean model, then of each variant (its
-    edits run as their hooks): one hooked forward per variant and window, the reference."""
+    """Per-token scores `(2, n_scored)` float64 of the clean model, then of each variant
+    (its edits run as their hooks): row 0 the NLL, row 1 the KL divergence of the variant's
+    next-token distribution from the clean model's (from both full logits,
+    `kl_from_logits`; 0 for the baseline). One hooked forward per variant and window, the
+    reference.
+
+    `reference`: the baseline's passes per window (`clean.Clean` with `logits`), reused;
+    `baseline_nll`: the baseline NLL, when only the NLL is wanted (the KL row is then NaN)."""
     if progress:
-        progress(total=len(variants) + 1)
-    if baseline_nll is None:
-        baseline_nll = token_nll(model, tokens, wins)
-    out = [baseline_nll]
+        progress(total=len(variants) * len(wins) + 1)
+    kl = baseline_nll is None
+    rows: list[list[torch.Tensor]] = [[] for _ in range(len(variants) + 1)]
+    start = 0
+    for wi, w in enumerate(wins):
+        chunk = tokens[:, w.begin : w.end].to(model.cfg.device)  # (1, pos)
+        lo = w.offset
+        with torch.inference_mode():
+            if not kl:
+                n = w.end - w.first_target
+                base = baseline_nll[start : start + n].double().cpu()
+                start += n
+                rows[0].append(torch.stack([base, torch.full_like(base, math.nan)]))
+            else:
+                clean = (reference[wi].logits if reference is not None else
+                         model(chunk, return_type="logits")[0, lo - 1 : -1])  # (n, d_vocab)
+                base = nll_of(clean, chunk[0, lo:]).cpu()
+                rows[0].append(torch.stack([base, torch.zeros_like(base)]))
+            for i, v in enumerate(variants, 1):
+                with applied(model, hooks(v.edits)):
+                    logits = model(chunk, return_type="logits")[0, lo - 1 : -1]
+                nll = nll_of(logits, chunk[0, lo:]).cpu()
+                div = (kl_from_logits(clean, logits).cpu() if kl
+                       else torch.full_like(nll, math.nan))
+                rows[i].append(torch.stack([nll, div]))
+                if progress:
+                    progress()
     if progress:
         progress()
-    for v in variants:
-        with applied(model, hooks(v.edits)):
-            out.append(token_nll(model, tokens, wins))
-        if progress:
-            progress()
-    return out
+    return [torch.cat(r, dim=1) for r in rows]

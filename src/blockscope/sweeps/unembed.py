@@ -4,9 +4,21 @@
 of rows against a chunk of the vocabulary at a time, with a running logsumexp (the bridge's
 unembed when that is hooked). `ChunkedNLL` is the same for the pruning curve's gradient
 pass: differentiable in the residual, with the weights frozen. Final-logit softcapping
-(Gemma2) is applied wherever a logit is formed (`softcapped`)."""
+(Gemma2) is applied wherever a logit is formed (`softcapped`).
+
+With a `Reference` (the clean distribution at the same positions) `final_nll` also gives
+each row's KL(p_clean || p_variant), in the same vocabulary chunks:
+
+    KL = sum_v p_c(v) (z_c(v) - z(v)) + lse - lse_c,
+
+and where the logits are linear in the normed residual h (no softcap), sum_v p_c(v) z(v) =
+h . E_c[W] + E_c[b], so KL = (h_c - h) . E_c[W] + lse - lse_c: E_c[W] (n, d_model) is
+computed once per window and a variant's KL costs a dot product per row. With a softcap
+the clean logits are formed again beside each chunk of the variant's."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -51,27 +63,92 @@ def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
-def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
-              softcap: float | None = None) -> torch.Tensor:
-    """NLL (B, n_scored) from final residuals `x` (B, T, d_model): ln_final, then the
-    unembedding of all B x n_scored positions at once in vocabulary chunks with a running
-    logsumexp, never materialising T x d_vocab logits; `softcap` as the layout says. Falls
-    back to the bridge's own unembed, one element at a time, when hooks sit on it."""
-    normed = model.ln_final(x)  # (B, T, d_model)
+@dataclass
+class Reference:
+    """The clean next-token distribution at a window's scored positions, as the KL needs it
+    (see the module docstring)."""
+
+    h: torch.Tensor  # (n, d_model) the clean normed residual of each predicting position
+    lse: torch.Tensor  # (n,) float64 logsumexp of the clean logits
+    mean_w: torch.Tensor | None  # (n, d_model) float64 E_{p_clean}[W_v]; None with a softcap
+
+
+def _linear(model):
+    """The unembedding's nn.Linear, or None where it cannot be read directly (hooked)."""
     unembed = model.unembed
     linear = getattr(unembed, "original_component", None)
     if (not isinstance(linear, torch.nn.Linear) or unembed.hook_in.has_hooks()
             or unembed.hook_out.has_hooks()):
-        return torch.stack([nll_from_logits(softcapped(unembed(n[None])[0], softcap), chunk, w)
-                            for n in normed])
+        return None
+    return linear
+
+
+def reference(model, x: torch.Tensor, w: Window, softcap: float | None = None
+              ) -> Reference | None:
+    """The clean distribution at window `w`'s scored positions from its final residual x
+    (1, T, d_model); None where the unembedding is hooked (the engine then reports no KL:
+    NaN)."""
+    linear = _linear(model)
+    if linear is None:
+        return None
+    with torch.inference_mode():
+        h = model.ln_final(x)[0, w.offset - 1 : -1]  # (n, d_model)
+        weight, bias = linear.weight, linear.bias
+        lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap)
+                         for r in range(0, h.shape[0], ROW_BLOCK)])  # (n,)
+        if softcap is not None:
+            return Reference(h, lse, None)
+        mean_w = torch.zeros(h.shape, dtype=torch.float64, device=h.device)
+        for s in range(0, weight.shape[0], VOCAB_CHUNK):
+            z = h @ weight[s : s + VOCAB_CHUNK].T  # (n, chunk)
+            if bias is not None:
+                z += bias[s : s + VOCAB_CHUNK]
+            p = z.float().sub_(lse.float()[:, None]).exp_()  # p_clean on this chunk
+            mean_w += (p @ weight[s : s + VOCAB_CHUNK].float()).double()
+    return Reference(h, lse, mean_w)
+
+
+def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
+              softcap: float | None = None, ref: Reference | None = None):
+    """NLL (B, n_scored) from final residuals `x` (B, T, d_model): ln_final, then the
+    unembedding of all B x n_scored positions at once in vocabulary chunks with a running
+    logsumexp, never materialising T x d_vocab logits; `softcap` as the layout says. Falls
+    back to the bridge's own unembed, one element at a time, when hooks sit on it.
+
+    With `ref` (the clean distribution, `reference`): (NLL, KL from it), both (B, n_scored)."""
+    normed = model.ln_final(x)  # (B, T, d_model)
+    linear = _linear(model)
+    if linear is None:
+        logits = [softcapped(model.unembed(n[None])[0], softcap) for n in normed]
+        nll = torch.stack([nll_from_logits(g, chunk, w) for g in logits])
+        if ref is None:
+            return nll
+        raise ValueError("a Reference needs an unhooked unembedding")
     lo = w.offset
     B, n = normed.shape[0], normed.shape[1] - lo
     h = normed[:, lo - 1 : -1].reshape(B * n, -1)  # (B n_scored, d_model): predicting rows
     targets = chunk[0, lo:].repeat(B)  # (B n_scored,)
     weight, bias = linear.weight, linear.bias  # (d_vocab, d_model), (d_vocab,) or None
-    lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap)
+    cross = [] if ref is not None and ref.mean_w is None else None  # sum_v p_c z, softcapped
+    lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap,
+                                ref=None if cross is None else _rows(ref, r, n, h),
+                                cross=cross)
                      for r in range(0, h.shape[0], ROW_BLOCK)])  # (B n_scored,)
-    return (lse - _target_logits(h, weight, bias, targets, softcap).double()).view(B, n)
+    nll = (lse - _target_logits(h, weight, bias, targets, softcap).double()).view(B, n)
+    if ref is None:
+        return nll
+    if cross is None:  # linear logits: (h_c - h) . E_c[W] + lse - lse_c
+        dot = ((ref.h.double() - h.view(B, n, -1).double()) * ref.mean_w).sum(-1)  # (B, n)
+        return nll, dot + lse.view(B, n) - ref.lse
+    own: list = []  # sum_v p_c z_c: the clean rows' own term
+    _logsumexp(ref.h, weight, bias, softcap, ref=(ref.h, ref.lse), cross=own)
+    return nll, (own[0] - torch.cat(cross).view(B, n)) + lse.view(B, n) - ref.lse
+
+
+def _rows(ref: Reference, r: int, n: int, h: torch.Tensor):
+    """The clean rows matching rows r.. r+ROW_BLOCK of the (B n, d_model) batch."""
+    pos = torch.arange(r, min(r + ROW_BLOCK, h.shape[0]), device=h.device) % n
+    return ref.h[pos], ref.lse[pos]
 
 
 def _target_logits(h, weight, bias, targets, softcap) -> torch.Tensor:
@@ -87,18 +164,27 @@ ROW_BLOCK = 1024  # rows per unembedding pass (see VOCAB_CHUNK); blocks, not all
 
 
 def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
-               keep: list | None = None) -> torch.Tensor:
+               keep: list | None = None, ref=None, cross: list | None = None) -> torch.Tensor:
     """logsumexp (R,) float64 over the vocabulary of h (R, d_model) @ weight.T (+ bias),
     softcapped, one VOCAB_CHUNK at a time: float32 logits, a running max and a float64 sum
     of their exponentials (as `sweep.nll_of`), the chunk exponentiated in place (no
     temporaries the size of the chunk), or, with `keep`, each chunk's logits appended to it
-    and a copy exponentiated."""
+    and a copy exponentiated. With `ref` = (clean rows (R, d_model), their lse (R,)) the
+    sum over the vocabulary of p_clean x these logits (R,) float64 is appended to `cross`."""
     top = total = None
+    mixed = None if ref is None else torch.zeros(h.shape[0], dtype=torch.float64,
+                                                 device=h.device)
     for s in range(0, weight.shape[0], VOCAB_CHUNK):
         part = h @ weight[s : s + VOCAB_CHUNK].T  # (R, chunk)
         if bias is not None:
             part += bias[s : s + VOCAB_CHUNK]
         part = softcapped(part, softcap).float()
+        if ref is not None:  # p_clean on this chunk, from the clean rows' own logits
+            z = ref[0] @ weight[s : s + VOCAB_CHUNK].T
+            if bias is not None:
+                z += bias[s : s + VOCAB_CHUNK]
+            p = (softcapped(z, softcap).double() - ref[1][:, None]).exp()
+            mixed += (p * part.double()).sum(-1)
         m = part.amax(-1)  # (R,)
         if keep is not None:
             keep.append(part)
@@ -112,4 +198,6 @@ def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
             new = torch.maximum(top, m)
             total = total * torch.exp(top - new).double() + here * torch.exp(m - new).double()
             top = new
+    if cross is not None:
+        cross.append(mixed)
     return top.double() + total.log()
