@@ -11,7 +11,7 @@ from blockscope.cli import app
 from .conftest import ALICE, result
 
 ABLATE_COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
-                  "ratio", "block_influence", "angular_distance", "ci_low", "ci_high",
+                  "ratio", "kl", "block_influence", "angular_distance", "ci_low", "ci_high",
                   "delta_ci_low", "delta_ci_high"]
 SIDECAR_KEYS = {"command", "model", "text", "n_tokens", "n_scored", "prepend_bos", "dtype",
                 "device", "part", "method", "window", "versions", "date", "wall_time_s"}
@@ -241,13 +241,16 @@ def test_prune_heads_writes_heads_curve_and_sidecar(run, tiny_dir, tmp_path):
     assert "heads (" in res.stdout and "pruning curve, random order" in res.stdout
     per_head = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice.csv"))
     assert list(per_head.columns) == ["layer", "head", "method", "ablation_perplexity", "delta",
-                                      "ratio", "gradient_importance", "normalized_importance",
+                                      "ratio", "kl", "gradient_importance",
+                                      "normalized_importance",
                                       "rank", "ci_low", "ci_high", "delta_ci_low",
                                       "delta_ci_high"]
     assert len(per_head) == 12 and sorted(per_head["rank"]) == list(range(1, 13))
     curve = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice-curve.csv"))
     assert set(curve["order"]) == {"gradient", "random"}
-    assert {"step", "heads_removed", "share_removed", "perplexity", "delta"} <= set(curve.columns)
+    assert {"step", "heads_removed", "share_removed", "perplexity", "delta", "kl"} <= set(
+        curve.columns)
+    assert curve["kl"].notna().all() and (curve.loc[curve["step"] > 0, "kl"] > 0).all()
     one = pd.read_csv(result(tmp_path, "prune-heads-tiny-gpt2-alice-one-head.csv"))
     assert len(one) == 4
     meta = json.loads((result(tmp_path, "prune-heads-tiny-gpt2-alice.json")).read_text())
@@ -277,7 +280,7 @@ def test_prune_blocks_writes_curves_plot_and_sidecar(run, tiny_dir, tmp_path):
     curve = pd.read_csv(result(tmp_path, "prune-blocks-tiny-gpt2-alice.csv"),
                         keep_default_na=False)
     assert list(curve.columns) == ["order", "step", "removed", "n_removed", "share_params",
-                                   "n_scored", "nll", "perplexity", "delta", "ratio",
+                                   "n_scored", "nll", "perplexity", "delta", "ratio", "kl",
                                    "ci_low", "ci_high", "delta_ci_low", "delta_ci_high"]
     assert list(curve["n_removed"]) == [0, 1, 2, 0, 1, 2]
     assert curve.loc[0, "removed"] == "" and curve.loc[1:, "ci_low"].ne("").all()
@@ -285,6 +288,34 @@ def test_prune_blocks_writes_curves_plot_and_sidecar(run, tiny_dir, tmp_path):
     meta = json.loads(result(tmp_path, "prune-blocks-tiny-gpt2-alice.json").read_text())
     assert set(meta["headline"]) == {"greedy", "angular"} and meta["max_removed"] == 2
     assert meta["replay"] == "plain" and len(meta["block_metrics"]["angular"]) == 3
+
+
+def test_rearrange_writes_table_plot_and_sidecar(run, tiny_dir, tmp_path):
+    res = run("rearrange", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 40, "--swap", "0,2",
+              "--parallel", "1:2", "--sweep", "adjacent-swaps", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "swap 0,2" in res.stdout and "(1+2)" in res.stdout
+    df = pd.read_csv(result(tmp_path, "rearrange-tiny-gpt2-alice.csv"))
+    assert list(df["arrangement"]) == ["none", "swap 0,2", "parallel 1:2", "swap 0,1",
+                                       "swap 1,2"]
+    assert list(df["order"]) == ["0 1 2", "2 1 0", "0 (1+2)", "1 0 2", "0 2 1"]
+    assert df.loc[0, "kl"] == 0 and (df.loc[1:, "kl"] > 0).all()
+    assert result(tmp_path, "rearrange-tiny-gpt2-alice.png").exists()
+    meta = json.loads(result(tmp_path, "rearrange-tiny-gpt2-alice.json").read_text())
+    assert meta["replay"] == "plain" and "clean model" in meta["kl"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give at least one of --swap"),
+    (["--swap", "1,5"], "--swap 1,5: blocks run from 0 to 2"),
+    (["--reverse", "2:1"], "--reverse 2:1: the first block must come before"),
+    (["--repeat", "0x1"], "--repeat runs a block 2 or more times"),
+])
+def test_rearrange_bad_input(run, tiny_dir, tmp_path, args, message):
+    res = run("rearrange", "-t", ALICE, "-m", tiny_dir, "--max-tokens", 10, *args,
+              "--out-dir", tmp_path / "r")
+    assert message in one_error_line(res)
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -71,6 +71,7 @@ def prune_blocks(o: PruneBlocks) -> None:
     """
     from blockscope.experiments import prune_blocks as experiment
     from blockscope.results.render import progress_bar
+    from blockscope.sweeps import stats
     from blockscope.sweeps.stats import Bootstrap
 
     started = time.perf_counter()
@@ -101,7 +102,7 @@ def prune_blocks(o: PruneBlocks) -> None:
                     engine=o.sweep.engine.value, **engine_record(*curves), orders=o.orders,
                     tolerance=o.tolerance, max_removed=top, seed=o.seed,
                     removal="each removed block's output := its input",
-                    **experiment.MEANINGS, block_metrics=metrics,
+                    **experiment.MEANINGS, kl=stats.KL_MEANING, block_metrics=metrics,
                     uncertainty=uncertainty_record(curves[0]),
                     headline={k: {f: v for f, v in h.items() if f != "sentence"}
                               for k, h in found.items()},
@@ -129,8 +130,118 @@ def curve_table(c, title: str):
                          "blocks": ("blocks removed", "s"),
                          "share_params": ("params", ".0%"),
                          "ppl": ("perplexity [95% CI]" if ci else "perplexity", "s"),
-                         "ratio": ("x baseline", ".3f")},
+                         "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f")},
                  title=f"{title}: {c.loc[0, 'order']} order", styles={0: "bold"},
                  caption="Blocks count from 0, listed in the order removed"
                  + ("; the angular order removes one window per n, not a cumulative set."
                     if c.loc[0, "order"] == "angular" else "."))
+
+
+class Arrangements(str, Enum):
+    adjacent_swaps = "adjacent-swaps"
+
+
+
+
+
+@dataclass
+class Rearrange(Options):
+    name: ClassVar[str] = "rearrange"
+    passage: Passage = group(Passage)
+    load: Load = group(Load)
+    swap: Annotated[list[str] | None, typer.Option(
+        help="Swap blocks i,j (e.g. 3,4); repeatable, one row each.", metavar="I,J")] = None
+    reverse: Annotated[list[str] | None, typer.Option(
+        help="Run blocks i to j (both included) in reverse order, e.g. 2:5.",
+        metavar="I:J")] = None
+    repeat: Annotated[list[str] | None, typer.Option(
+        help="Run block i N times in all (default 2), e.g. 6 or 6x3.", metavar="I[xN]")] = None
+    parallel: Annotated[list[str] | None, typer.Option(
+        help="Run blocks i to j side by side on the same input, their writes summed, e.g. "
+        "4:7.", metavar="I:J")] = None
+    sweep_kind: Annotated[list[Arrangements] | None, typer.Option(
+        "--sweep", help="A whole sweep: adjacent-swaps (every adjacent pair swapped, one "
+        "at a time).", metavar="SWEEP")] = None
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and --shuffle.")] = 0
+    window: Window = group(Window)
+    sweep: Sweep = group(Sweep)
+    out: Output = group(Output)
+
+    def given(self) -> list[tuple[str, str]]:
+        return [(k, t) for k in ("swap", "reverse", "repeat", "parallel")
+                for t in getattr(self, k) or []]
+
+    def check(self) -> None:
+        if not self.given() and not self.sweep_kind:
+            raise BadValue("give at least one of `swap`, `reverse`, `repeat`, `parallel` "
+                           "or `sweep`")
+
+    def check_sizes(self, sizes: dict) -> None:
+        self.arrangements(sizes["n_layers"])
+
+    def arrangements(self, n_layers: int) -> list:
+        from blockscope.experiments.rearrange import adjacent_swaps, arrangement
+
+        found = [arrangement(k, t, n_layers) for k, t in self.given()]
+        if self.sweep_kind:
+            found += adjacent_swaps(n_layers)
+        return found
+
+
+@command
+def rearrange(o: Rearrange) -> None:
+    """Run blocks in another arrangement (swapped, reversed, repeated, or side by side) and
+    report perplexity and the KL divergence from the clean model, one row per arrangement.
+
+    Example: blockscope rearrange --text data/alice.txt --sweep adjacent-swaps --reverse 4:7
+    """
+    from blockscope.experiments import rearrange as experiment
+    from blockscope.results.render import progress_bar
+    from blockscope.sweeps import stats
+    from blockscope.sweeps.stats import Bootstrap
+
+    started = time.perf_counter()
+    source = o.passage.source(o.seed, o.window)
+    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
+                     stride=o.window.stride, bos_token=o.window.bos_token)
+    arrangements = o.arrangements(run.model.cfg.n_layers)
+    with progress_bar(err, len(arrangements) + 1, "rearranging blocks",
+                      not o.out.quiet and run.comm.writes) as tick:
+        df = experiment.rearranged(
+            run.model, run.docs, arrangements, stride=o.window.stride,
+            engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=tick,
+            ci=Bootstrap(o.passage.bootstrap, o.seed))
+    if not run.comm.writes:
+        return
+    title = f"{run.spec.label} on {run.describe()}"
+    if not o.out.quiet:
+        out.print(arrangement_table(df, title))
+    meta = run.meta("rearrange", n_scored=int(df.loc[0, "n_scored"]),
+                    engine=o.sweep.engine.value, **engine_record(df),
+                    arrangements=[a.name for a in arrangements], **experiment.MEANINGS,
+                    kl=stats.KL_MEANING, uncertainty=uncertainty_record(df),
+                    wall_time_s=round(time.perf_counter() - started, 3))
+    stem = f"rearrange-{run.spec.slug}-{source.stem}"
+    extra = {}
+    if o.out.plot:
+        from blockscope.results.plots import ablation_plot
+
+        extra[f"{stem}.png"] = ablation_plot(
+            df, f"{title}: blocks rearranged", labels=list(df["arrangement"].iloc[1:]),
+            xlabel="arrangement (blocks count from 0)")
+    write(o, stem, {"": df}, meta, extra=extra)
+
+
+def arrangement_table(df, title: str):
+    from blockscope.cli.ablate import with_intervals
+    from blockscope.results.render import table
+
+    ci = df["ci_low"].notna().any()
+    shown = df.assign(ppl=[with_intervals(r.perplexity, r.ci_low, r.ci_high, ",.2f")
+                           for r in df.itertuples()])
+    return table(shown, {"arrangement": ("arrangement", "s"), "order": ("blocks run", "s"),
+                         "ppl": ("perplexity [95% CI]" if ci else "perplexity", "s"),
+                         "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f")},
+                 title=title, styles={0: "bold"},
+                 caption="Blocks count from 0; i:j includes both ends; (a+b): run side by "
+                 "side on one input, writes summed. KL: mean KL(clean || arranged), nats.")

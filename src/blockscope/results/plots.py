@@ -58,14 +58,17 @@ def _log_y(ax) -> None:
     ax.yaxis.set_minor_formatter(_PlainLog(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
 
 
-def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
-    """Perplexity of each removal against the baseline: bars of perplexity / baseline on a
-    log axis, starting at 1 (the baseline), so a 5% change stays a short bar."""
+def ablation_plot(df: pd.DataFrame, title: str, labels: list[str] | None = None,
+                  xlabel: str | None = None) -> Figure:
+    """Perplexity of each removal (or other variant: `labels`, `xlabel`) against the
+    baseline: bars of perplexity / baseline on a log axis, starting at 1 (the baseline), so
+    a 5% change stays a short bar."""
     fig, ax = _subplots(figsize=(8, 4.5))
     rows = df.iloc[1:]
     base = df.loc[0, "perplexity"]
     part = str(rows["part"].iloc[0]) if len(rows) and "part" in rows else "block"
-    labels = [str(int(v)) for v in rows["layer"]]
+    rotate = labels is not None and max(map(len, labels), default=0) > 3
+    labels = labels or [str(int(v)) for v in rows["layer"]]
     ratio = rows["perplexity"].to_numpy() / base
     colors = ["tab:red" if r >= 1 else "tab:green" for r in ratio]
     ax.bar(labels, ratio - 1, bottom=1, color=colors)
@@ -81,9 +84,16 @@ def ablation_plot(df: pd.DataFrame, title: str) -> Figure:
     low, high = ax.get_ylim()  # room below the baseline line, where every bar rises from 1
     if low >= 1 / (high / low) ** 0.04:
         ax.set_ylim(min(low, 1) / (high / min(low, 1)) ** 0.05, high)
+    if rotate:
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
     what = "block" if part == "block" else f"{part} of the block"
-    return _finish(fig, ax, f"{what} removed (layer, 0-based)",
-                   "perplexity / baseline (log scale)", title)
+    fig = _finish(fig, ax, xlabel or f"{what} removed (layer, 0-based)",
+                  "perplexity / baseline (log scale)", title)
+    if rotate:  # room for the slanted labels
+        fig.subplots_adjust(bottom=0.26)
+    return fig
 
 
 def resid_norm_plot(df: pd.DataFrame, title: str) -> Figure:
