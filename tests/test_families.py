@@ -187,6 +187,12 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
                 assert (df["n_scored"] == n_scored).all()
                 for i, ref in enumerate(want):
                     close(df.loc[i + 1, "nll"], ref)
+            # the engine's KL (linear in the normed residual, or Gemma2's softcapped logits
+            # formed again per chunk) against the naive loop's full distributions
+            kl = {e: r["kl"].tolist() for e, r in runs.items()}
+            assert kl["cached"][0] == 0 and min(kl["naive"][1:]) > 0
+            assert kl["cached"] == pytest.approx(kl["naive"], rel=10 * REL,
+                                                 abs=REL * baseline), (part, method)
 
 
 def test_single_heads_match_the_reference(fam):
