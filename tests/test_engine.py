@@ -193,6 +193,7 @@ def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
     assert (batched["ratio"].iloc[1:-1] - 1).abs().min() > 1e-3  # (ln_final undoes a scale)
 
 
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch):
     """If the plain replay applied the head mask wrongly (here: not at all), the self-check
     against the hooked model catches it: the bridge's gradient is used, and that is said."""
@@ -210,6 +211,7 @@ def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch
     assert torch.equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monkeypatch):
     """The plain replay leaves out the heads a mask removes (`replay.kept_heads`). The
     self-check holds that path too, even after a check at a mask that removes no head (as in
@@ -232,6 +234,7 @@ def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monke
     assert torch.equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
     """The self-check's own plain pass is the result: with a check at the whole model and one
     at the first mask that removes a head, three gradient passes run the plain replay three
@@ -251,6 +254,7 @@ def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
     assert torch.allclose(got[1], hooked, rtol=REL, atol=REL * float(hooked.max()))
 
 
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     """What `prune-heads` does: one `prepare`, handed to each experiment, gives each one's
     own numbers (the mean method's means included); importance from its clean passes equals
@@ -281,6 +285,7 @@ def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
         heads_sweep(tiny, ids, method="mean", stride=100, prepared=prepare(tiny, ids, stride=100))
 
 
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 @pytest.mark.parametrize("slip", ["block fill", "heads"])
 def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip, monkeypatch):
     """The identities the entries rely on all hold here; only what an entry writes is wrong
@@ -319,6 +324,7 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
     same(naive, caught)
 
 
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 @pytest.mark.parametrize("cls, patched", [
     ("SkipBlock", lambda self, post, pre: 0.5 * (pre + post)),  # half the block's write
     ("RemoveWrite", lambda self, write: 0.3 * write),  # the half's write scaled, not removed

@@ -84,7 +84,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                     if kl:
                         ref = cleans[wi] if cleans is not None else clean.clean_pass(
                             model, ids, w)
-                        div = _kl(model, lay, ref, x)
+                        div = _kl(model, lay, ref, x, nll.detach())
                     nlls.append(torch.stack([nll.detach().double().cpu(), div]))
                 units += plan.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
     finally:
@@ -99,12 +99,13 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     return importance, normalised, scored
 
 
-def _kl(model, lay, c: clean.Clean, x: torch.Tensor) -> torch.Tensor:
+def _kl(model, lay, c: clean.Clean, x: torch.Tensor, nll: torch.Tensor) -> torch.Tensor:
     """KL (n_scored,) float64 from the clean distribution of `c`'s window, of the pass whose
-    final residual is x (1, T, d_model); NaN where the unembedding is hooked."""
+    final residual is x (1, T, d_model) and NLL `nll`; NaN where the unembedding is hooked."""
     ref = c.reference(model, lay.softcap)
     if ref is None:
         return torch.full((c.nll.numel(),), float("nan"), dtype=torch.float64)
     with torch.inference_mode():
-        _, kl = unembed.final_nll(model, x.to(ref.h.dtype), c.chunk, c.window, lay.softcap, ref)
-    return kl[0].double().cpu()
+        kl = unembed.kl_given_nll(model, x.to(ref.h.dtype), c.chunk, c.window, nll, ref,
+                                  lay.softcap)
+    return kl.double().cpu()

@@ -57,22 +57,32 @@ def nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     unembedding sums them. (float32 `log_softmax` over 49,152 logits is biased by about
     -9e-6 nats per token on the CPU, the whole margin the engines are held to.)"""
     logits = logits if logits.dtype == torch.float64 else logits.float()
+    return _lse(logits) - logits.gather(-1, targets[:, None])[:, 0].double()
+
+
+class CleanDistribution:
+    """The clean next-token distribution at k positions, from its full logits (k, d_vocab),
+    for the naive loop's KL: KL(p_c || p) = sum_v p_c log p_c - sum_v p_c z + lse(z), the
+    first term once per window, the others from each variant's full logits z (sums in
+    float64)."""
+
+    def __init__(self, logits: torch.Tensor):
+        lse = _lse(logits)  # (k,)
+        self.p = (logits.double() - lse[:, None]).exp().float()  # (k, d_vocab)
+        self.own = (self.p * logits.float()).sum(-1, dtype=torch.float64) - lse  # sum p log p
+
+    def kl(self, logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
+        """KL(p_clean || softmax(logits)) (k,) float64 (`lse`: the logits' own, if known)."""
+        cross = (self.p * logits.float()).sum(-1, dtype=torch.float64)
+        return self.own - cross + (_lse(logits) if lse is None else lse)
+
+
+def _lse(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp (k,) float64 of logits (k, d_vocab) (float32 unless float64): a max, then
+    the exponentials summed in float64, as the engine's blocked unembedding sums them."""
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     top = logits.detach().amax(-1, keepdim=True)  # (k, 1)
-    total = (logits - top).exp().sum(-1, dtype=torch.float64)  # (k,)
-    target = logits.gather(-1, targets[:, None])[:, 0]
-    return total.log() + (top[:, 0] - target).double()
-
-
-def kl_from_logits(clean: torch.Tensor, logits: torch.Tensor, rows: int = 128
-                   ) -> torch.Tensor:
-    """KL(p_clean || p) (k,) float64 from full logits (k, d_vocab) of both, row blocks at a
-    time: sum_v p_c (log p_c - log p), in float64 (the naive loop's reference)."""
-    out = []
-    for r in range(0, clean.shape[0], rows):
-        lc = torch.log_softmax(clean[r : r + rows].double(), -1)
-        lv = torch.log_softmax(logits[r : r + rows].double(), -1)
-        out.append((lc.exp() * (lc - lv)).sum(-1))
-    return torch.cat(out)
+    return (logits - top).exp().sum(-1, dtype=torch.float64).log() + top[:, 0].double()
 
 
 def token_nll(model, tokens: torch.Tensor, wins: Sequence[Window]) -> torch.Tensor:
@@ -125,7 +135,7 @@ def naive_nlls(
     """Per-token scores `(2, n_scored)` float64 of the clean model, then of each variant
     (its edits run as their hooks): row 0 the NLL, row 1 the KL divergence of the variant's
     next-token distribution from the clean model's (from both full logits,
-    `kl_from_logits`; 0 for the baseline). One hooked forward per variant and window, the
+    `CleanDistribution`; 0 for the baseline). One hooked forward per variant and window, the
     reference.
 
     `reference`: the baseline's passes per window (`clean.Clean` with `logits`), reused;
@@ -149,11 +159,13 @@ def naive_nlls(
                          model(chunk, return_type="logits")[0, lo - 1 : -1])  # (n, d_vocab)
                 base = nll_of(clean, chunk[0, lo:]).cpu()
                 rows[0].append(torch.stack([base, torch.zeros_like(base)]))
+                clean = CleanDistribution(clean)
             for i, v in enumerate(variants, 1):
                 with applied(model, hooks(v.edits)):
                     logits = model(chunk, return_type="logits")[0, lo - 1 : -1]
-                nll = nll_of(logits, chunk[0, lo:]).cpu()
-                div = (kl_from_logits(clean, logits).cpu() if kl
+                lse = _lse(logits)  # (n,): nll_of's, kept for the KL
+                nll = (lse - logits.float().gather(-1, chunk[0, lo:, None])[:, 0].double()).cpu()
+                div = (clean.kl(logits, lse).cpu() if kl
                        else torch.full_like(nll, math.nan))
                 rows[i].append(torch.stack([nll, div]))
                 if progress:

@@ -94,18 +94,42 @@ def reference(model, x: torch.Tensor, w: Window, softcap: float | None = None
     with torch.inference_mode():
         h = model.ln_final(x)[0, w.offset - 1 : -1]  # (n, d_model)
         weight, bias = linear.weight, linear.bias
-        lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap)
-                         for r in range(0, h.shape[0], ROW_BLOCK)])  # (n,)
         if softcap is not None:
+            lse = torch.cat([_logsumexp(h[r : r + ROW_BLOCK], weight, bias, softcap)
+                             for r in range(0, h.shape[0], ROW_BLOCK)])  # (n,)
             return Reference(h, lse, None)
-        mean_w = torch.zeros(h.shape, dtype=torch.float64, device=h.device)
+        # one pass over the vocabulary: a running max, the sum of exponentials and their
+        # weighted sum of rows of W, rescaled as the max grows (float64 accumulators)
+        top = torch.full((h.shape[0],), -torch.inf, dtype=torch.float64, device=h.device)
+        total = torch.zeros_like(top)
+        acc = torch.zeros(h.shape, dtype=torch.float64, device=h.device)  # (n, d_model)
         for s in range(0, weight.shape[0], VOCAB_CHUNK):
-            z = h @ weight[s : s + VOCAB_CHUNK].T  # (n, chunk)
+            rows = weight[s : s + VOCAB_CHUNK]
+            z = h @ rows.T  # (n, chunk)
             if bias is not None:
                 z += bias[s : s + VOCAB_CHUNK]
-            p = z.float().sub_(lse.float()[:, None]).exp_()  # p_clean on this chunk
-            mean_w += (p @ weight[s : s + VOCAB_CHUNK].float()).double()
+            new = torch.maximum(top, z.amax(-1).double())
+            scale = torch.exp(top - new)  # (n,)
+            p = z.float().sub_(new.float()[:, None]).exp_()  # exp(z - running max)
+            total = total * scale + p.sum(-1, dtype=torch.float64)
+            acc = acc * scale[:, None] + (p @ rows.float()).double()
+            top = new
+        lse, mean_w = top + total.log(), acc / total[:, None]
     return Reference(h, lse, mean_w)
+
+
+def kl_given_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window, nll: torch.Tensor,
+                 ref: Reference, softcap: float | None = None) -> torch.Tensor:
+    """KL (n_scored,) from `ref` of a pass already scored: its final residual x (1, T,
+    d_model) and its NLL (n_scored,). With linear logits its lse is NLL + the target's logit
+    (no pass over the vocabulary); with a softcap, `final_nll` again."""
+    if ref.mean_w is None:
+        return final_nll(model, x, chunk, w, softcap, ref)[1][0]
+    linear = _linear(model)
+    h = model.ln_final(x)[0, w.offset - 1 : -1]  # (n, d_model)
+    lse = nll.double() + _target_logits(h, linear.weight, linear.bias, chunk[0, w.offset:],
+                                        None).double()
+    return ((ref.h.double() - h.double()) * ref.mean_w).sum(-1) + lse - ref.lse
 
 
 def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
