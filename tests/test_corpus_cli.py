@@ -39,6 +39,29 @@ def one_error_line(res) -> str:
     return lines[0]
 
 
+def test_ablate_resample_records_its_pairing(run, tiny_dir, tmp_path, corpus):
+    res = run("ablate", "--dataset", corpus, "--model", tiny_dir, "--n-docs", 4, "--part",
+              "mlp", "--method", "resample", "--seed", 2, "--no-plot", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    csv = result(tmp_path, "ablate-tiny-gpt2-wiki-mlp-resample.csv")
+    assert set(pd.read_csv(csv)["method"]) == {"none", "resample"}
+    pairs = json.loads(csv.with_suffix(".json").read_text())["resample"]
+    assert pairs["seed"] == 2 and sorted(pairs["partner_of"]) == ["0", "1", "2", "3"]
+    assert all(int(k) != v for k, v in pairs["partner_of"].items())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--text", ALICE, "--part", "mlp"], "give a corpus with --dataset"),
+    (["--dataset", "CORPUS", "--part", "block"], "give --part attn or mlp"),
+])
+def test_resample_is_refused_before_loading(run, tiny_dir, tmp_path, corpus, args, message):
+    args = [str(corpus) if a == "CORPUS" else a for a in args]
+    res = run("ablate", *args, "--model", tiny_dir, "--method", "resample",
+              "--out-dir", tmp_path / "r")
+    assert message in one_error_line(res)
+    assert not (tmp_path / "r").exists()
+
+
 def test_ablate_dataset_table_csv_sidecar_png(run, tiny_dir, tmp_path, corpus):
     res = run("ablate", "--dataset", corpus, "--model", tiny_dir, "--n-tokens", 300,
               "--bootstrap", 200, "--out-dir", tmp_path)

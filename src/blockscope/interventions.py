@@ -84,10 +84,11 @@ class RemoveWrite:
         return f"blocks.{self.layer}.{PART_HOOKS[self.part]}"
 
     def apply(self, write: torch.Tensor) -> torch.Tensor:
-        """What is written instead of `write` `(..., d_model)`."""
+        """What is written instead of `write` `(..., T, d_model)`: zeros, the fill (d_model,),
+        or a fill per position (T', d_model), read from position 0 (`resample`)."""
         if self.fill is None:
             return torch.zeros_like(write)
-        return self.fill.to(write.dtype).expand_as(write)
+        return _at_positions(self.fill, write.shape[-2], 1).to(write.dtype).expand_as(write)
 
     def mean_points(self) -> list[str]:
         return [self.point]
@@ -114,7 +115,9 @@ class ScaleHeads:
         """z' for z `(..., n_heads, d_head)`: keep * z + (1 - keep) * fill per head."""
         k = self.keep.to(z.dtype)[:, None]  # (n_heads, 1), broadcast over d_head
         out = z * k
-        return out if self.fill is None else out + (1 - k) * self.fill.to(z.dtype)
+        if self.fill is None:
+            return out
+        return out + (1 - k) * _at_positions(self.fill, z.shape[-3], 2).to(z.dtype)
 
     def mean_points(self) -> list[str]:
         return [f"blocks.{self.layer}.attn.hook_z"]
@@ -240,6 +243,27 @@ class BlockPreHook:
 
 
 Intervention = SkipBlock | RemoveWrite | ScaleHeads | ScaleNeurons | Rearrange
+
+
+@dataclass(frozen=True)
+class Resampled:
+    """A fill still to be drawn: what hook point `point` gave on another document, position
+    by position (`--method resample`). `resample(edit, acts)` makes it concrete."""
+
+    point: str
+
+
+def _at_positions(fill: torch.Tensor, positions: int, unit: int) -> torch.Tensor:
+    """A fill (*unit) as is; one per position (T', *unit) cut to the first `positions`."""
+    return fill[:positions] if fill.dim() > unit else fill
+
+
+def resample(edit, acts: dict[str, torch.Tensor]):
+    """`edit` with a `Resampled` fill replaced by the other document's activation at its
+    point, per position (T', ...), from `acts` (point -> activation); any other edit as is."""
+    if isinstance(getattr(edit, "fill", None), Resampled):
+        return replace(edit, fill=acts[edit.fill.point])
+    return edit
 
 
 def intervention(component: str, layer: int, fill: torch.Tensor | None = None,

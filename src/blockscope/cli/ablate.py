@@ -14,7 +14,17 @@ from blockscope.cli.common import engine_record, err, out
 from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
-from blockscope.cli.text_options import Method, MethodOpt, Passage, SeedOpt, Sweep, Window
+from blockscope.cli.text_options import (
+    Method,
+    MethodOpt,
+    Passage,
+    SeedOpt,
+    Sweep,
+    Window,
+    check_resample,
+    resample_record,
+)
+from blockscope.errors import BadValue
 
 
 class Part(str, Enum):
@@ -41,6 +51,11 @@ class Ablate(Options):
     sweep: Sweep = group(Sweep)
     out: Output = group(Output)
 
+    def check(self) -> None:
+        if self.method is Method.resample and self.part is Part.block:
+            raise BadValue("`method` resample replaces a half's write: give `part` attn or mlp")
+        check_resample(self.method, self.passage)
+
     @property
     def suffix(self) -> str:
         return ("" if self.part is Part.block else f"-{self.part.value}") + (
@@ -63,14 +78,15 @@ def ablate(o: Ablate) -> None:
     source = o.passage.source(o.seed, o.window)
     run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
                      stride=o.window.stride, bos_token=o.window.bos_token)
-    part, method, mean = o.part.value, o.method.value, " (mean)" * (o.method is Method.mean)
+    part, method = o.part.value, o.method.value
+    mean = "" if o.method is Method.zero else f" ({method})"
     swept = time.perf_counter()
     with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean,
                       not o.out.quiet and run.comm.writes) as step:
         df = experiment.block_ablation(
             run.model, run.docs, part=part, method=method, stride=o.window.stride,
             engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=step,
-            ci=Bootstrap(o.passage.bootstrap, o.seed))
+            ci=Bootstrap(o.passage.bootstrap, o.seed), seed=o.seed)
     sweep_s = time.perf_counter() - swept
     if not run.comm.writes:
         return
@@ -83,6 +99,7 @@ def ablate(o: Ablate) -> None:
     meta = run.meta("ablate", n_scored=int(df.loc[0, "n_scored"]), part=part, method=method,
                     engine=o.sweep.engine.value, **engine_record(df),
                     block_metrics=experiment.metrics_meaning(part), kl=stats.KL_MEANING,
+                    **resample_record(o.method, df),
                     spearman_with_delta=correlations, uncertainty=uncertainty,
                     sweep_s=round(sweep_s, 3), wall_time_s=round(time.perf_counter() - started, 3))
     stem = f"ablate-{run.spec.slug}-{source.stem}{o.suffix}"

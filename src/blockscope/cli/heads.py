@@ -13,7 +13,15 @@ from blockscope.cli.common import command, engine_record, err, out, status, styl
 from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, comma_list, group
 from blockscope.cli.output import write
-from blockscope.cli.text_options import Method, MethodOpt, Passage, Sweep, Window
+from blockscope.cli.text_options import (
+    Method,
+    MethodOpt,
+    Passage,
+    Sweep,
+    Window,
+    check_resample,
+    resample_record,
+)
 from blockscope.errors import BadValue
 
 
@@ -67,6 +75,7 @@ class PruneHeads(Options):
         if not 0 <= self.tolerance < float("inf"):
             raise BadValue(f"`tolerance` must be a fraction of 0 or more (got "
                            f"{self.tolerance})")
+        check_resample(self.method, self.passage)
 
     def check_sizes(self, sizes: dict) -> None:
         n_layers, n_heads = sizes["n_layers"], sizes["n_heads"]
@@ -116,10 +125,12 @@ def prune_heads(o: PruneHeads) -> None:
                     **engine_record(ablation, *curves, one), orders=o.orders, step=o.step,
                     tolerance=o.tolerance, seed=o.seed, layers=o.layer_ids, heads=o.head_ids,
                     **experiment.MEANINGS, kl=stats.KL_MEANING, uncertainty=uncertainty,
+                    **resample_record(o.method, ablation),
                     headline={k: {f: v for f, v in h.items() if f != "sentence"}
                               for k, h in headline.items()},
                     wall_time_s=round(time.perf_counter() - started, 3))
-    stem = f"prune-heads-{spec.slug}-{source.stem}{'-mean' * (o.method is Method.mean)}"
+    method = "" if o.method is Method.zero else f"-{o.method.value}"
+    stem = f"prune-heads-{spec.slug}-{source.stem}{method}"
     extra = {}
     if o.out.plot:
         from blockscope.results.plots import prune_heads_plot
@@ -141,7 +152,7 @@ def sweeps(o: PruneHeads, run, show: bool):
     lm, tokens, cfg = run.model, run.docs, run.model.cfg
     kw = dict(method=o.method.value, stride=o.window.stride, engine=o.sweep.engine.value)
     with status("clean pass, shared by every experiment below", not show):
-        kw["prepared"] = experiment.prepare(lm, tokens, **kw)
+        kw["prepared"] = experiment.prepare(lm, tokens, seed=o.seed, **kw)
     kw["ci"] = Bootstrap(o.passage.bootstrap, o.seed)
     n_sweep = len(o.layer_ids or range(cfg.n_layers)) * len(o.head_ids or range(cfg.n_heads))
     batch = o.sweep.batch_size

@@ -23,6 +23,7 @@ class Engine(str, Enum):
 class Method(str, Enum):
     zero = "zero"
     mean = "mean"
+    resample = "resample"
 
 
 PromptArg = Annotated[str | None, typer.Argument(help="The prompt (or give --text FILE).",
@@ -111,7 +112,21 @@ BosOpt = Annotated[bool, flag(
     help="Prepend BOS (the token the model saw at document starts; see --bos-token), so the "
     "first word is predicted too. TransformerLens's default.")]
 MethodOpt = Annotated[Method, typer.Option(
-    help="zero: remove it; mean: write its clean mean over positions.")]
+    help="zero: remove it; mean: write its clean mean over positions; resample (heads and "
+    "halves, on a --dataset): write what it gave on another document, position by "
+    "position.")]
+
+
+def check_resample(method: Method, passage) -> None:
+    """--method resample draws from other documents: it needs a corpus."""
+    if method is Method.resample and passage.data.dataset is None:
+        raise BadValue("`method` resample takes a component's output from another document: "
+                       "give a corpus with `dataset`")
+
+
+def resample_record(method: Method, df) -> dict:
+    """The sidecar's account of how resample fills were drawn (nothing for other methods)."""
+    return {"resample": df.attrs["resample"]} if method is Method.resample else {}
 
 
 @dataclass

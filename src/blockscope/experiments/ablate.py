@@ -8,19 +8,20 @@ part's mean over positions from the clean run instead of nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pandas as pd
 
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity, spearman
 from blockscope.inputs.corpus import as_docs
-from blockscope.interventions import intervention
+from blockscope.interventions import Resampled, intervention
 from blockscope.sweeps import plan
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
 PARTS = ("block", "attn", "mlp")
-METHODS = ("zero", "mean")
+METHODS = ("zero", "mean", "resample")
 ENGINES = plan.ENGINES
 
 
@@ -36,6 +37,7 @@ def block_ablation(
     batch_size: int | None = None,
     progress: Progress | None = None,
     ci: Bootstrap | None = None,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Baseline row, then one row per removed layer: perplexity, change and ratio (and with
     `ci`, bootstrap intervals: `stats.frame`).
@@ -44,7 +46,9 @@ def block_ablation(
         tokens: `(1, pos)` token ids of a passage, BOS already decided by the caller, or
             `corpus.Docs` (each document scored alone; perplexity over all their tokens).
         part: "block" (the whole block skipped), "attn" or "mlp".
-        method: "zero" (remove) or "mean" (replace by the clean mean over positions).
+        method: "zero" (remove), "mean" (replace by the clean mean over positions) or
+            "resample" (a half only, on a corpus: by what it wrote on another document,
+            position by position; the documents paired by `seed`).
         stride: sliding-window stride for text longer than the context (default n_ctx/2).
         layers: which blocks to remove (default all).
         engine: "cached" (run each variant from the block it changes, batched) or "naive"
@@ -56,6 +60,9 @@ def block_ablation(
     if method not in METHODS:
         raise BadValue(f"`method` must be one of {', '.join(METHODS)}")
     plan.check_engine(engine)
+    if method == "resample" and part == "block":
+        raise BadValue("`method` resample replaces a half's write (`part` attn or mlp), not a "
+                       "whole block")
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
     if any(not 0 <= i < n_layers for i in layers):
@@ -63,9 +70,13 @@ def block_ablation(
     docs = as_docs(tokens)
     edits = [intervention(part, i) for i in layers]
     names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
-    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names)
+    drawn = [e.point for e in edits] if method == "resample" else []
+    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names,
+                            resample=drawn, seed=seed)
     if method == "mean":
         edits = [e.with_mean(prepared.means) for e in edits]
+    if method == "resample":
+        edits = [replace(e, fill=Resampled(e.point)) for e in edits]
     variants = [Variant({"layer": e.layer, "part": part, "method": method}, (e,))
                 for e in edits]
     similarity = BlockSimilarity(n_layers, part)  # from the clean passes either engine runs
@@ -77,6 +88,8 @@ def block_ablation(
     attrs = df.attrs
     df = df.merge(similarity.frame(), on="layer", how="left")[COLUMNS + CI_COLUMNS]
     df.attrs = attrs  # how the engine ran (merge drops it)
+    if method == "resample":
+        df.attrs["resample"] = plan.pairing(docs, prepared)
     return df
 
 

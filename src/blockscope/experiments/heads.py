@@ -19,13 +19,14 @@ import torch
 
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
-from blockscope.interventions import ScaleHeads
+from blockscope.interventions import Resampled, ScaleHeads
 from blockscope.sweeps import plan
 from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
 ENGINES = plan.ENGINES
+METHODS = ("zero", "mean", "resample")
 # What prune-heads' figures mean, for its sidecar.
 MEANINGS = {
     "importance": "|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
@@ -37,28 +38,33 @@ MEANINGS = {
 
 
 def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
-            engine: str = "cached") -> plan.Prepared:
-    """The clean passes (or NLL) and, for `method` mean, the clean mean z that every head
-    experiment below starts from: computed once, passed to each as `prepared=`."""
-    return prepare_fill(model, as_docs(tokens), stride, method, engine)[0]
+            engine: str = "cached", seed: int = 0) -> plan.Prepared:
+    """The clean passes (or NLL) and, for `method` mean, the clean mean z (for resample, the
+    documents' partners, drawn with `seed`) that every head experiment below starts from:
+    computed once, passed to each as `prepared=`."""
+    return prepare_fill(model, as_docs(tokens), stride, method, engine, seed=seed)[0]
 
 
 def prepare_fill(model, docs, stride, method: str, engine: str,
-             prepared: plan.Prepared | None = None) -> tuple[plan.Prepared, dict | None]:
+                 prepared: plan.Prepared | None = None, seed: int = 0
+                 ) -> tuple[plan.Prepared, dict | None]:
     """`prepared` (made here if None), and `fill`: None for zero ablation, else each
-    layer's clean mean z over positions (n_heads, d_head)."""
-    if method not in ("zero", "mean"):
-        raise BadValue("`method` must be zero or mean")
-    names = [n for i in range(model.cfg.n_layers)  # where each layer's mean z is read
+    layer's clean mean z over positions (n_heads, d_head), or its z on another document
+    (`Resampled`, drawn per document by the sweep)."""
+    if method not in METHODS:
+        raise BadValue(f"`method` must be one of {', '.join(METHODS)}")
+    names = [n for i in range(model.cfg.n_layers)  # where each layer's z is read
              for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
     if prepared is None:
         prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
-                                mean_names=names if method == "mean" else ())
-    elif prepared.engine != engine or (method == "mean" and not set(names) <= set(
-            prepared.means)):
+                                mean_names=names if method == "mean" else (),
+                                resample=names if method == "resample" else (), seed=seed)
+    elif prepared.engine != engine or not set(names) <= set(
+            {"mean": prepared.means, "resample": prepared.resample}.get(method, names)):
         raise ValueError(f"`prepared` was made for another engine or method than "
                          f"{engine}/{method}")
-    fill = {i: prepared.means[n] for i, n in enumerate(names)} if method == "mean" else None
+    fill = ({i: prepared.means[n] for i, n in enumerate(names)} if method == "mean" else
+            {i: Resampled(n) for i, n in enumerate(names)} if method == "resample" else None)
     return prepared, fill
 
 
@@ -100,6 +106,8 @@ def single_head_ablation(
                      batch_size=batch_size, progress=progress, ci=ci)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     df.loc[0, "method"] = "none"
+    if method == "resample":
+        df.attrs["resample"] = plan.pairing(docs, prepared)
     return df
 
 

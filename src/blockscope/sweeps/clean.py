@@ -74,7 +74,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
     n = model.cfg.n_layers
     chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
     pre, acts, args_of = [None] * (n + 1), {}, [None] * n
-    kept = None
+    kept = kl_ref = None
 
     def keep(i=None, name=None):
         def hook(act, hook=None):
@@ -114,7 +114,10 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
             if not reference and _last_logits_only(model):  # from the final residual
                 keep = min(REF_POSITIONS, w.end - w.first_target) + 1
                 logits = model(chunk, return_type="logits", logits_to_keep=keep)  # (1, k+1, V)
-                nll = unembed.final_nll(model, pre[n], chunk, w, _softcap(model))[0]
+                kl_ref = unembed.reference(model, pre[n], w, _softcap(model))
+                nll = (unembed.clean_nll(model, kl_ref, chunk, w, _softcap(model))
+                       if kl_ref is not None else
+                       unembed.final_nll(model, pre[n], chunk, w, _softcap(model))[0])
                 ref = nll_of(logits[0, :-1], chunk[0, 1 - keep:])
             else:
                 logits = model(chunk, return_type="logits")  # (1, T, d_vocab)
@@ -127,7 +130,8 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
             handle.hook.remove()
             point.fwd_hooks.remove(handle)
         drop_patterns(model)
-    return Clean(w, chunk, args_of, pre, acts, nll, ref, raw, logits=kept)
+    return Clean(w, chunk, args_of, pre, acts, nll, ref, raw, logits=kept,
+                 views={} if kl_ref is None else {"kl": kl_ref})
 
 
 def drop_patterns(model) -> None:

@@ -102,7 +102,7 @@ def _heads_change(model, e: ScaleHeads) -> Callable:
     """The change in layer `e.layer`'s attention write: (apply(z) - z) W_O, over the heads
     `e` changes only (the others' change is exactly 0)."""
     idx = (e.keep != 1).nonzero().flatten()
-    changed = ScaleHeads(e.layer, e.keep[idx], None if e.fill is None else e.fill[idx])
+    changed = ScaleHeads(e.layer, e.keep[idx], None if e.fill is None else e.fill[..., idx, :])
 
     def delta(clean: clean.Clean) -> torch.Tensor:
         z = clean.act("attn.hook_z", e.layer)[0][:, idx]  # (T, k, d_head)

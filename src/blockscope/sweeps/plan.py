@@ -8,7 +8,7 @@ point; `run` falls back to the naive loop, loudly, when the engine's self-check 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -18,10 +18,19 @@ from blockscope.allocator import release
 from blockscope.errors import BlockscopeError
 from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
+from blockscope.interventions import resample
 from blockscope.model import arch
 from blockscope.sweeps import clean, engine, selfcheck, stats, steps
 from blockscope.sweeps.entries import shared_skips, start
-from blockscope.sweeps.sweep import Progress, Variant, clean_sums, model_windows, naive_nlls
+from blockscope.sweeps.sweep import (
+    Progress,
+    Variant,
+    activations,
+    clean_sums,
+    model_windows,
+    naive_nlls,
+    partners,
+)
 
 ENGINES = ("cached", "naive")
 
@@ -45,24 +54,34 @@ class Prepared:
     cleans: list | None = None  # clean.Clean per window of the one document held (cached)
     reference: list | None = None  # naive: its baseline's own passes (full logits, as
     #   `sweep.token_nll`), each block's input kept, so metrics need no forward of their own
+    resample: list[str] = field(default_factory=list)  # hook points a `Resampled` fill
+    #   reads from each document's partner
+    partner: list[int] = field(default_factory=list)  # each document's partner (corpus order)
+    seed: int = 0  # the partners' seed
 
 
 def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
-            mean_names: Sequence[str] = (), heads: bool = False) -> Prepared:
+            mean_names: Sequence[str] = (), heads: bool = False,
+            resample: Sequence[str] = (), seed: int = 0) -> Prepared:
     """Means over every position of every window of every document (of every process), and
     the one document's clean passes or NLL when this process holds just one.
 
     `tokens`: a passage `(1, pos)` or `corpus.Docs`. With one window the cached clean pass
-    gives the means; otherwise one hooked pass per window does."""
+    gives the means; otherwise one hooked pass per window does. `resample`: the hook points
+    whose activations on another document (`sweep.partners`, seeded) `Resampled` fills read:
+    two or more documents, each within the context, in one process."""
     check_engine(engine_name)
     docs = as_docs(tokens)
+    if resample:
+        _check_resample(model, docs)
     mean_names = sorted(set(mean_names))
     names = []
     if engine_name == "cached":
         lay = arch.layout(model)
         names = sorted(set(clean.kept_names(lay, model.cfg.n_layers, heads)) | set(
             n for n in mean_names if not n.endswith(("hook_resid_pre", "hook_resid_post"))))
-    prepared = Prepared(engine_name, names, {})
+    prepared = Prepared(engine_name, names, {}, resample=sorted(set(resample)),
+                        partner=partners(len(docs.ids), seed) if resample else [], seed=seed)
     one = len(docs.ids) == 1
     if one:
         ids = docs.ids[0]
@@ -85,6 +104,42 @@ def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
     count = total(docs.comm, count)
     prepared.means = {k: (v / count).float() for k, v in sums.items()}
     return prepared
+
+
+def _check_resample(model, docs) -> None:
+    if docs.comm.size > 1:
+        raise BlockscopeError("--method resample runs in one process (a document's partner "
+                              "may be another rank's)")
+    if len(docs.ids) < 2:
+        raise BlockscopeError("--method resample needs a corpus of 2 or more documents "
+                              "(--dataset): each takes another's activations")
+    longest = max(ids.shape[-1] for ids in docs.ids)
+    if longest > model.cfg.n_ctx:
+        raise BlockscopeError(f"--method resample takes documents within the context "
+                              f"({model.cfg.n_ctx} tokens); one has {longest}")
+
+
+def resampled(model, docs, k: int, variants: Sequence[Variant], prepared: Prepared
+              ) -> list[Variant]:
+    """Document k's variants with every `Resampled` fill drawn from its partner's clean
+    forward, position by position (the partner's position t for t, cycling where it is
+    shorter)."""
+    if not prepared.resample:
+        return list(variants)
+    other = docs.ids[prepared.partner[k]]
+    acts = activations(model, other, prepared.resample)  # name -> (T_partner, ...)
+    n = docs.ids[k].shape[-1]
+    acts = {name: a[torch.arange(n) % a.shape[0]] for name, a in acts.items()}  # (n, ...)
+    return [Variant(v.label, tuple(resample(e, acts) for e in v.edits)) for v in variants]
+
+
+def pairing(docs, prepared: Prepared) -> dict:
+    """How `--method resample` drew its fills, for the sidecar."""
+    return {"seed": prepared.seed, "partner_of": {int(docs.index[k]): int(docs.index[p])
+                                         for k, p in enumerate(prepared.partner)},
+            "rule": "each document's component output at position t := its output at "
+            "position t (mod the partner's length) in the partner's clean forward; partners "
+            "form one seeded random cycle through the documents"}
 
 
 @dataclass
@@ -144,20 +199,25 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
     numbers are then the reference's. `on_clean` sees every clean pass."""
     docs = as_docs(tokens)
     labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
-    starts = None
-    if prepared.engine == "cached":
+    def starts_of(variants):
+        if prepared.engine != "cached":
+            return None
         lay = arch.layout(model)
         base = shared_skips(variants)
-        starts = [start(model, lay, v, base if any(e is b for b in base for e in v.edits)
-                        else ()) for v in variants]
+        return [start(model, lay, v, base if any(e is b for b in base for e in v.edits)
+                      else ()) for v in variants]
+
+    starts = None if prepared.resample else starts_of(variants)
     one = len(docs.ids) == 1
     if progress and not one:
         progress(total=len(docs.ids))
     units, hows = [], []
     for k, ids in enumerate(docs.ids):
         wins = model_windows(model, ids, stride)
-        nlls, how = _score(model, ids, wins, variants, starts, prepared, one, batch_size,
-                           progress if one else None, on_clean, check=k == 0)
+        here = resampled(model, docs, k, variants, prepared)  # each document's own fills
+        nlls, how = _score(model, ids, wins, here,
+                           starts_of(here) if prepared.resample else starts, prepared, one,
+                           batch_size, progress if one else None, on_clean, check=k == 0)
         units += doc_units(docs.index[k], torch.stack(nlls), docs.unit)
         hows.append(how)
         if not one:

@@ -68,8 +68,9 @@ class CleanDistribution:
 
     def __init__(self, logits: torch.Tensor):
         lse = _lse(logits)  # (k,)
-        self.p = (logits.double() - lse[:, None]).exp().float()  # (k, d_vocab)
-        self.own = (self.p * logits.float()).sum(-1, dtype=torch.float64) - lse  # sum p log p
+        logits = logits.float()
+        self.p = (logits - lse.float()[:, None]).exp_()  # (k, d_vocab)
+        self.own = (self.p * logits).sum(-1, dtype=torch.float64) - lse  # sum p log p
 
     def kl(self, logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
         """KL(p_clean || softmax(logits)) (k,) float64 (`lse`: the logits' own, if known)."""
@@ -108,6 +109,34 @@ def clean_sums(
     with applied(model, [(name, accumulator(name)) for name in sorted(set(hook_names))]):
         nll = token_nll(model, tokens, wins)
     return nll, {k: v.cpu() for k, v in sums.items()}, sum(w.end - w.begin for w in wins)
+
+
+def activations(model, tokens: torch.Tensor, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Each hook point's activation at every position of one forward of `tokens` (1, T):
+    name -> (T, *unit) (`per_position`), float32."""
+    acts: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable:
+        def hook(act: torch.Tensor, hook=None) -> None:
+            acts[name] = per_position(act, name).float()
+
+        return hook
+
+    with torch.inference_mode(), applied(model, [(n, keep(n)) for n in sorted(set(names))]):
+        model(tokens.to(model.cfg.device), return_type="logits")
+    return acts
+
+
+def partners(n: int, seed: int) -> list[int]:
+    """Each of n >= 2 documents' partner, another document: one seeded random cycle through
+    all of them (a derangement, so no document is its own)."""
+    import numpy as np
+
+    perm = np.random.default_rng(seed).permutation(n).tolist()
+    out = [0] * n
+    for i, d in enumerate(perm):
+        out[d] = perm[(i + 1) % n]
+    return out
 
 
 def per_position(act: torch.Tensor, name: str) -> torch.Tensor:

@@ -118,6 +118,15 @@ def reference(model, x: torch.Tensor, w: Window, softcap: float | None = None
     return Reference(h, lse, mean_w)
 
 
+def clean_nll(model, ref: Reference, chunk: torch.Tensor, w: Window,
+              softcap: float | None = None) -> torch.Tensor:
+    """The clean NLL (n_scored,) from its own Reference: lse - the target's logit (the
+    logsumexp pass the Reference made is the only one)."""
+    linear = _linear(model)
+    return ref.lse - _target_logits(ref.h, linear.weight, linear.bias, chunk[0, w.offset:],
+                                    softcap).double()
+
+
 def kl_given_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window, nll: torch.Tensor,
                  ref: Reference, softcap: float | None = None) -> torch.Tensor:
     """KL (n_scored,) from `ref` of a pass already scored: its final residual x (1, T,
@@ -145,9 +154,8 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
     if linear is None:
         logits = [softcapped(model.unembed(n[None])[0], softcap) for n in normed]
         nll = torch.stack([nll_from_logits(g, chunk, w) for g in logits])
-        if ref is None:
-            return nll
-        raise ValueError("a Reference needs an unhooked unembedding")
+        # a hooked unembedding: the KL is not read off it (NaN, the column says so)
+        return nll if ref is None else (nll, torch.full_like(nll, float("nan")))
     lo = w.offset
     B, n = normed.shape[0], normed.shape[1] - lo
     h = normed[:, lo - 1 : -1].reshape(B * n, -1)  # (B n_scored, d_model): predicting rows
