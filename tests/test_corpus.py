@@ -199,9 +199,16 @@ def test_bootstrap_is_seeded_and_narrows_with_more_documents(tiny, tmp_path):
     many = write_jsonl(tmp_path / "many.jsonl", [x[i:i + 150] for x in p for i in (0, 150, 300)
                                                   if x[i:i + 150].strip()] * 2)
 
+    from blockscope.sweeps import plan
+
+    scored = {}
+    for path in (few, many):  # one sweep (the baseline) per corpus, its intervals redrawn
+        docs = load_docs(Source(dataset=str(path)), tiny.tokenizer)
+        scored[path] = plan.scores(tiny, docs, [], prepared=plan.prepare(
+            tiny, docs, engine_name="cached"))
+
     def interval(path, seed):
-        df = block_ablation(tiny, load_docs(Source(dataset=str(path)), tiny.tokenizer),
-                            layers=[0], ci=Bootstrap(300, seed=seed))
+        df = scored[path].frame(Bootstrap(300, seed=seed))
         return df.loc[0, "ci_low"], df.loc[0, "ci_high"]
 
     first = interval(few, 1)

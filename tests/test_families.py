@@ -175,8 +175,10 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
     baseline = hf_nll(hf, ids)
     for part in ("block", "attn", "mlp"):
         for method in ("zero", "mean"):
+            # the naive loop's hooks are the same for both methods (a fill or none): it is
+            # held to HF with zero on every part, the engine with both methods
             runs = {e: block_ablation(model, ids, part=part, method=method, engine=e)
-                    for e in ("naive", "cached")}
+                    for e in (("naive", "cached") if method == "zero" else ("cached",))}
             how = runs["cached"].attrs["engine"]
             assert "fallback" not in how, how
             assert how["replay"] == ("plain" if family in PLAIN else "bridge"), how
@@ -189,6 +191,8 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
                     close(df.loc[i + 1, "nll"], ref)
             # the engine's KL (linear in the normed residual, or Gemma2's softcapped logits
             # formed again per chunk) against the naive loop's full distributions
+            if method != "zero":
+                continue
             kl = {e: r["kl"].tolist() for e, r in runs.items()}
             assert kl["cached"][0] == 0 and min(kl["naive"][1:]) > 0
             assert kl["cached"] == pytest.approx(kl["naive"], rel=10 * REL,
