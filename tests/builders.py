@@ -107,6 +107,7 @@ max_tokens = 30
 seeds = 1
 train_steps = 8
 warmup_steps = 2
+lrs = [1e-3, 3e-3]
 train_layers = 1
 train_d_model = 16
 train_heads = 2

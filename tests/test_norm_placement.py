@@ -118,14 +118,79 @@ def test_at_init_rows_and_summary():
 def test_training_is_deterministic_and_learns():
     data = torch.tensor(list(ALICE.read_bytes()), dtype=torch.long)
     cfg = StackConfig(n_layers=2, d_model=32, n_heads=2, d_mlp=128, n_ctx=32, d_vocab=256)
-    tc = np_exp.TrainConfig(steps=20, warmup_steps=5, lr=3e-3, batch_size=4, seq_len=32, seed=7)
+    tc = np_exp.TrainConfig(steps=20, warmup_steps=5, lrs=(1e-3, 3e-3), batch_size=4,
+                            seq_len=32, seed=7)
     a, b = np_exp.train(cfg, data, tc), np_exp.train(cfg, data, tc)
     pd.testing.assert_frame_equal(a, b)
-    for (layout, warmup), run in a[a["kind"] == "step"].groupby(["layout", "warmup_steps"]):
-        assert run["loss"].iloc[-3:].mean() < run["loss"].iloc[:3].mean(), (layout, warmup)
-    assert set(np_exp.final_losses(a)) == {("pre", 0), ("pre", 5), ("post", 0), ("post", 5)}
-    warm = a[(a["kind"] == "step") & (a["warmup_steps"] == 5)]["lr"].iloc[:5].tolist()
-    assert warm == pytest.approx([3e-3 * k / 5 for k in range(1, 6)])
+    steps = a[a["kind"] == "step"]
+    for key, run in steps.groupby(["layout", "warmup_steps", "peak_lr"]):
+        assert run["loss"].iloc[-3:].mean() < run["loss"].iloc[:3].mean(), key
+    assert set(np_exp.final_losses(a)) == {(lay, w, lr) for lay in ("pre", "post")
+                                           for w in (0, 5) for lr in (1e-3, 3e-3)}
+    warm = steps[(steps["warmup_steps"] == 5) & (steps["peak_lr"] == 3e-3)]["lr"].iloc[:5]
+    assert warm.tolist() == pytest.approx([3e-3 * k / 5 for k in range(1, 6)])
+    # every run at a rate starts from the same weights and sees the same batches: its first
+    # loss (before any update) is the same for both warm-ups, and for the rates
+    first = steps[steps["step"] == 0].groupby("layout")["loss"].nunique()
+    assert (first == 1).all()
+
+
+def test_the_same_batches_for_every_run(monkeypatch):
+    data = torch.tensor(list(ALICE.read_bytes()), dtype=torch.long)
+    cfg = StackConfig(n_layers=1, d_model=16, n_heads=2, d_mlp=64, n_ctx=16, d_vocab=256)
+    tc = np_exp.TrainConfig(steps=3, warmup_steps=1, lrs=(1e-3, 3e-3), batch_size=2,
+                            seq_len=16, seed=1)
+    seen = []
+    loss = np_exp.Stack.loss
+    monkeypatch.setattr(np_exp.Stack, "loss", lambda self, ids, resid=None: (
+        seen.append((self.layout, ids.clone())), loss(self, ids, resid))[1])
+    np_exp.train(cfg, data, tc)
+    assert len(seen) == 2 * 2 * 2 * 3  # layouts x warm-ups x rates x steps
+    for k in range(3):
+        assert all(torch.equal(seen[k][1], seen[r * 3 + k][1]) for r in range(8))
+
+
+def test_largest_trainable_rate_on_hand_made_tables():
+    plateau = 3.0
+    finals = {("post", 0, 1e-3): 2.5, ("post", 0, 3e-3): 2.75, ("post", 0, 1e-2): math.nan,
+              ("post", 100, 1e-3): 2.4, ("post", 100, 3e-3): 2.6, ("post", 100, 1e-2): 2.69,
+              ("pre", 0, 1e-3): 2.3, ("pre", 0, 3e-3): 2.4, ("pre", 0, 1e-2): 2.5,
+              ("pre", 100, 1e-3): 2.3, ("pre", 100, 3e-3): 2.3, ("pre", 100, 1e-2): 3.2}
+    # 2.75 is below the plateau but not by 0.3; 2.69 is; NaN (diverged) never trains
+    assert np_exp.trains(2.69, plateau) and not np_exp.trains(2.75, plateau)
+    assert not np_exp.trains(math.nan, plateau) and not np_exp.trains(3.2, plateau)
+    assert np_exp.largest_trainable(finals, "post", 0, plateau) == 1e-3
+    assert np_exp.largest_trainable(finals, "post", 100, plateau) == 1e-2
+    assert np_exp.largest_trainable(finals, "pre", 100, plateau) == 3e-3
+    claims = {c["claim"]: c for c in np_exp.training_claims(finals, 100, plateau)}
+    assert all(c["shown"] for c in claims.values())
+    finals[("pre", 0, 1e-2)] = 2.8  # pre-norm without warm-up fails where post-norm with it
+    finals[("post", 0, 3e-3)] = 2.6  # trains: now post-norm's largest without warm-up is 3e-3
+    claims = [c["shown"] for c in np_exp.training_claims(finals, 100, plateau)]
+    assert claims == [True, False]
+    finals = {k: math.nan for k in finals}  # nothing trains: neither claim can show
+    assert [c["shown"] for c in np_exp.training_claims(finals, 100, plateau)] == [False, False]
+
+
+def test_plateau_is_the_unigram_entropy():
+    data = torch.tensor([0, 0, 1, 2])
+    assert np_exp.plateau(data) == pytest.approx(-(0.5 * math.log(0.5) + 2 * 0.25 *
+                                                   math.log(0.25)))
+
+
+def test_tied_and_untied_unembeddings():
+    tied = init_weights(Stack(SMALL, "pre"), scaled=True, seed=0)
+    untied = init_weights(Stack(SMALL, "pre", tie=False), scaled=True, seed=0)
+    ids = torch.randint(0, SMALL.d_vocab, (1, 8))
+    with torch.no_grad():
+        h = tied.transformer.ln_f(tied.transformer.h[1](tied.transformer.h[0](
+            tied.transformer.wte(ids) + tied.transformer.wpe(torch.arange(8)))))
+        assert torch.allclose(tied(ids), h @ tied.transformer.wte.weight.T, atol=1e-6)
+        assert not hasattr(tied, "lm_head") and untied.lm_head.weight.shape == (
+            SMALL.d_vocab, SMALL.d_model)
+        assert not torch.allclose(untied(ids), tied(ids))
+        untied.lm_head.weight.copy_(untied.transformer.wte.weight)  # the same matrix again
+        assert torch.allclose(untied(ids), tied(ids), atol=1e-6)
 
 
 FAST = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--seeds", "2",
@@ -135,16 +200,20 @@ FAST = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--seeds", "2",
 
 
 def test_command_writes_both_csvs_sidecar_and_pictures(tmp_path):
-    res = CliRunner().invoke(app, ["norm-placement", *FAST, "--out-dir", str(tmp_path)])
+    res = CliRunner().invoke(app, ["norm-placement", *FAST, "--lr", "1e-3,3e-3", "--no-tie",
+                                   "--out-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
     init = pd.read_csv(result(tmp_path, "norm-placement-init.csv"))
     assert list(init.columns) == ["layout", "scaled_init", "seed", "layer", "sublayer",
                                   "weight", "grad_norm", "resid_norm"]
     train = pd.read_csv(result(tmp_path, "norm-placement-train.csv"))
-    assert list(train.columns) == ["layout", "warmup_steps", "seed", "step", "lr", "loss", "kind"]
-    assert (train["kind"] == "final").sum() == 4
+    assert list(train.columns) == ["layout", "warmup_steps", "peak_lr", "seed", "step", "lr",
+                                   "loss", "kind"]
+    assert (train["kind"] == "final").sum() == 4 * 2  # two rates
     meta = json.loads((result(tmp_path, "norm-placement.json")).read_text())
     assert meta["init_stack"]["n_layers"] == 2 and len(meta["claims"]) == 5
+    assert meta["train"]["lrs"] == [1e-3, 3e-3] and meta["train"]["tie"] is False
+    assert meta["unembedding"] == "its own matrix (untied)" and meta["plateau_nats"] > 0
     assert (result(tmp_path, "norm-placement-init.png")).exists()
     assert (result(tmp_path, "norm-placement-train.png")).exists()
     assert "the article's claims" in res.stdout
@@ -155,6 +224,8 @@ def test_command_writes_both_csvs_sidecar_and_pictures(tmp_path):
     (["--train-steps", "-1"], "--train-steps must be 0 or more"),
     (["--train-steps", "10", "--warmup-steps", "10"], "is not shorter than the run"),
     (["--train-heads", "3"], "does not divide"),
+    (["--lr", "1e-3,x"], "--lr takes numbers"),
+    (["--lr", "0"], "--lr takes one or more positive rates"),
 ])
 def test_bad_options_one_line_exit_1(tmp_path, args, message):
     res = CliRunner().invoke(app, ["norm-placement", *FAST, *args, "--out-dir",

@@ -223,3 +223,25 @@ def test_mlp_memory_cards_are_readable(tiny_dir, tmp_path, monkeypatch):
     title = fig._suptitle.get_text()
     assert_readable(fig, [title])
     assert result(tmp_path, "mlp-memory-tiny-gpt2.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_norm_train_picture_is_loss_against_rate_with_the_plateau():
+    import math
+
+    import pandas as pd
+
+    from blockscope.results.norm_plots import norm_train_plot
+
+    rows = [{"layout": lay, "warmup_steps": w, "peak_lr": lr, "loss": loss, "kind": "final"}
+            for lay, w, losses in (("pre", 0, (2.3, 2.0, 2.9)), ("post", 100, (2.6, 2.4,
+                                                                             math.nan)))
+            for lr, loss in zip((3e-4, 1e-3, 3e-3), losses, strict=True)]
+    df = pd.DataFrame(rows)
+    df.attrs.update(plateau=3.08, margin=0.3)
+    fig = norm_train_plot(df, "final loss")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0003", "0.001", "0.003"]
+    labels = ax.get_legend_handles_labels()[1]
+    assert "unigram plateau 3.08" in labels and "trained: below 2.78" in labels
+    assert any(line.get_marker() == "x" for line in ax.get_lines())  # the diverged run

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, err, out, status
-from blockscope.cli.options import Options, Output, at_least, group
+from blockscope.cli.options import Options, Output, at_least, comma_list, flag, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import TextFileOpt
 from blockscope.errors import BlockscopeError
@@ -47,9 +47,12 @@ class NormPlacement(Options):
     seed: _opt(int, "First seed (init seeds: seed, seed+1, ...); the training seed.") = 0
     train_steps: _opt(int, "Steps per training run; 0 skips training.") = 300
     warmup_steps: _opt(int, "Linear warm-up of the runs with warm-up.") = 100
-    lr: _opt(float, "Adam's learning rate after warm-up.") = 3e-3
-    train_layers: _opt(int, "Layers of the trained models.") = 6
-    train_d_model: _opt(int, "d_model of the trained models.") = 128
+    lr: _opt(str, "Adam's learning rates after warm-up, comma-separated: every layout and "
+             "warm-up trains at each.") = "3e-4,1e-3,3e-3"
+    tie: Annotated[bool, flag(help="Tie the unembedding to the token embedding (GPT-2's "
+                              "choice), or give it its own matrix.")] = True
+    train_layers: _opt(int, "Layers of the trained models.") = 4
+    train_d_model: _opt(int, "d_model of the trained models.") = 96
     train_heads: _opt(int, "Heads of the trained models.") = 4
     batch_size: _opt(int, "Sequences per training step.") = 16
     seq_len: _opt(int, "Tokens per training sequence.") = 64
@@ -66,8 +69,10 @@ class NormPlacement(Options):
     def train(self):
         from blockscope.experiments.norm_placement import TrainConfig
 
-        return TrainConfig(steps=self.train_steps, warmup_steps=self.warmup_steps, lr=self.lr,
-                           batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed)
+        return TrainConfig(steps=self.train_steps, warmup_steps=self.warmup_steps,
+                           lrs=tuple(dict.fromkeys(comma_list(self.lr, "lr"))),
+                           batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed,
+                           tie=self.tie)
 
 
 @command
@@ -84,30 +89,33 @@ def norm_placement(o: NormPlacement) -> None:
     started = time.perf_counter()
     tc, passage = o.train(), read_passage(o.text)
     init_cfg, train_cfg, data = stacks(o, passage)
-    total = 4 * o.seeds + 4 * o.train_steps  # layouts x inits x seeds, then 4 runs' steps
+    total = 4 * o.seeds + 4 * len(tc.lrs) * o.train_steps  # layouts x inits x seeds, then
+    #   every run's steps (layouts x warm-ups x rates)
     with progress_bar(err, total, "init gradients, then training", not o.out.quiet) as tick:
         init, trained, summary, claims = experiment.run_all(
             init_cfg, train_cfg, data, tc, max_tokens=o.max_tokens, seeds=o.seeds,
             progress=(tick, tick))
     finals = experiment.final_losses(trained) if o.train_steps else None
     if not o.out.quiet:
-        render(summary, finals, claims, o.warmup_steps)
+        render(summary, finals, claims, o.warmup_steps, experiment.plateau(data))
     meta = experiment.sidecar_record(init_cfg, train_cfg, tc)
     meta.update(command="norm-placement", model=o.model, tokenizer=o.tokenizer.value,
                 text={"path": str(passage.path), "sha256": passage.sha256},
                 init_tokens=min(o.max_tokens, init_cfg.n_ctx, data.numel() - 1),
                 seeds=o.seeds, seed=o.seed, claims=claims.to_dict(orient="records"),
+                plateau_nats=experiment.plateau(data),
                 wall_time_s=round(time.perf_counter() - started, 3))
     from blockscope.results.files import sidecar
 
     extra = {}
     if o.out.plot:
-        from blockscope.results import plots
+        from blockscope.results import norm_plots as plots
 
         extra["norm-placement-init.png"] = plots.norm_init_plot(summary, "gradient norm per "
                                                                 "block at initialization")
         if o.train_steps:
-            extra["norm-placement-train.png"] = plots.norm_train_plot(trained, "training loss")
+            extra["norm-placement-train.png"] = plots.norm_train_plot(
+                trained, "final training loss against the learning rate")
     frames = {"-init": init, **({"-train": trained} if o.train_steps else {})}
     write(o, "norm-placement", frames, sidecar(**meta), extra)
 
@@ -158,9 +166,10 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
     return config, encode, len(tok)
 
 
-def render(summary, finals, claims, warmup: int) -> None:
+def render(summary, finals, claims, warmup: int, plateau: float) -> None:
     import pandas as pd
 
+    from blockscope.experiments.norm_placement import MARGIN
     from blockscope.results.render import table
 
     keys = [(lay, s) for lay in ("pre", "post") for s in (False, True)]
@@ -173,14 +182,16 @@ def render(summary, finals, claims, warmup: int) -> None:
     out.print(table(rows, columns, title="gradient norm per block at initialization (mean "
                     "over seeds)", caption="three significant figures"))
     if finals:
-        rows = pd.DataFrame([{"layout": f"{lay}-norm", "none": finals[(lay, 0)],
-                              "warm": finals[(lay, warmup)],
-                              "effect": finals[(lay, 0)] - finals[(lay, warmup)]}
-                             for lay in ("pre", "post")])
-        out.print(table(rows, {"layout": ("layout", "s"), "none": ("no warm-up", ".3f"),
-                               "warm": (f"warm-up {warmup}", ".3f"),
-                               "effect": ("warm-up effect", "+.3f")},
-                        title="training: final loss (mean of the last 10% of steps)"))
+        lrs = sorted({lr for _, _, lr in finals})
+        rows = pd.DataFrame([{"run": f"{lay}-norm, warm-up {w}",
+                              **{f"{lr:g}": finals[(lay, w, lr)] for lr in lrs}}
+                             for lay in ("pre", "post") for w in (0, warmup)])
+        out.print(table(rows, {"run": ("layout, warm-up", "s"),
+                               **{f"{lr:g}": (f"lr {lr:g}", ".3f") for lr in lrs}},
+                        title="training: final loss (mean of the last 10% of steps) at each "
+                        "learning rate",
+                        caption=f"unigram plateau {plateau:.3f}; a run trains below "
+                        f"{plateau - MARGIN:.3f}; nan: diverged"))
     out.print(claims_table(claims))
 
 

@@ -186,13 +186,8 @@ def render_sections(r) -> None:
 
 
 def plots(frames: dict, name: str, stem: str) -> dict:
-    from blockscope.results.plots import (
-        ablation_plot,
-        norm_init_plot,
-        norm_train_plot,
-        params_plot,
-        resid_norm_plot,
-    )
+    from blockscope.results.norm_plots import norm_init_plot, norm_train_plot
+    from blockscope.results.plots import ablation_plot, params_plot, resid_norm_plot
 
     pics = {}
     if "mlp-lens" in frames:
@@ -205,8 +200,8 @@ def plots(frames: dict, name: str, stem: str) -> dict:
         pics[f"{stem}-norm-init.png"] = norm_init_plot(frames["norm-init"], "gradient norm per "
                                                        "block at initialization")
         if len(frames["norm-train"]):
-            pics[f"{stem}-norm-train.png"] = norm_train_plot(frames["norm-train"],
-                                                             "training loss")
+            pics[f"{stem}-norm-train.png"] = norm_train_plot(
+                frames["norm-train"], "final training loss against the learning rate")
     if "params" in frames:
         models = ", ".join(dict.fromkeys(frames["params"]["model"]))
         pics[f"{stem}-params.png"] = params_plot(frames["params"],

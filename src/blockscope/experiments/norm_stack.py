@@ -116,17 +116,21 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
-    """Embeddings, n_layers blocks of one layout, (pre-norm only) ln_f, tied unembedding."""
+    """Embeddings, n_layers blocks of one layout, (pre-norm only) ln_f, and the unembedding:
+    tied to the token embedding (`tie`, GPT-2's and the 2017 Transformer's), or its own
+    `lm_head` matrix."""
 
-    def __init__(self, cfg: StackConfig, layout: str):
+    def __init__(self, cfg: StackConfig, layout: str, tie: bool = True):
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}")
-        self.cfg, self.layout = cfg, layout
+        self.cfg, self.layout, self.tie = cfg, layout, tie
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.d_vocab, cfg.d_model), wpe=nn.Embedding(cfg.n_ctx, cfg.d_model),
             h=nn.ModuleList(Block(cfg, layout) for _ in range(cfg.n_layers)),
             ln_f=nn.LayerNorm(cfg.d_model, eps=cfg.eps)))
+        if not tie:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
 
     def forward(self, ids: torch.Tensor, resid: list | None = None) -> torch.Tensor:
         """Logits (B, T, d_vocab) for ids (B, T); `resid` collects each block's output."""
@@ -138,7 +142,7 @@ class Stack(nn.Module):
                 resid.append(x.detach())
         if self.layout == "pre":
             x = t.ln_f(x)
-        return x @ t.wte.weight.T  # tied unembedding
+        return x @ (t.wte.weight if self.tie else self.lm_head.weight).T  # (B, T, d_vocab)
 
     def loss(self, ids: torch.Tensor, resid: list | None = None) -> torch.Tensor:
         """Mean next-token cross-entropy over ids (B, T)."""

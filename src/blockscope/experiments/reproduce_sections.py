@@ -25,20 +25,21 @@ def norm_measures(settings: dict, stage=None) -> tuple[pd.DataFrame, dict]:
 
     s = settings["norm_placement"]
     tc = npl.TrainConfig(steps=s.get("train_steps", 300), warmup_steps=s.get("warmup_steps", 100),
-                         lr=s.get("lr", 3e-3), batch_size=s.get("batch_size", 16),
+                         lrs=tuple(s.get("lrs", (3e-4, 1e-3, 3e-3))),
+                         batch_size=s.get("batch_size", 16),
                          seq_len=s.get("seq_len", 64), seed=s.get("seed", 0))
     tc.check()
     init_cfg = StackConfig.from_hf(load_config(s.get("model", "gpt2")),
                                    n_layers=s.get("n_layers"), d_model=s.get("d_model"),
                                    n_heads=s.get("n_heads"))
     init_cfg = replace(init_cfg, n_ctx=min(init_cfg.n_ctx, s.get("max_tokens", 256)))
-    train_cfg = StackConfig.gpt2_shaped(s.get("train_layers", 6), s.get("train_d_model", 128),
+    train_cfg = StackConfig.gpt2_shaped(s.get("train_layers", 4), s.get("train_d_model", 96),
                                         s.get("train_heads", 4), n_ctx=tc.seq_len,
                                         d_vocab=256)
     data = npl.byte_ids(read_passage(s.get("text", "data/alice.txt")).text)
     seeds = s.get("seeds", 5)
     with (stage or no_stage)("norm-placement: gradients at initialization, then training",
-                             4 * seeds + 4 * tc.steps) as step:
+                             4 * seeds + 4 * len(tc.lrs) * tc.steps) as step:
         _, trained, summary, claims = npl.run_all(init_cfg, train_cfg, data, tc,
                                                   max_tokens=s.get("max_tokens", 256),
                                                   seeds=seeds, progress=(step, step))

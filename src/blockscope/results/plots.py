@@ -218,27 +218,6 @@ def params_plot(df: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
-def norm_init_plot(summary: pd.DataFrame, title: str) -> Figure:
-    """Gradient norm per block at initialization (log axis), one line per layout x init."""
-    fig, ax = _subplots(figsize=(8, 4.5))
-    for (layout, scaled), rows in summary.groupby(["layout", "scaled_init"], sort=False):
-        ax.plot(rows["layer"] + 1, rows["grad_norm"], marker="o",
-                linestyle="-" if layout == "pre" else "--",
-                label=f"{layout}-norm, {'scaled' if scaled else 'unscaled'} init")
-    _log_y(ax)
-    return _finish(fig, ax, "block", "gradient norm of its six matrices (log scale)", title)
-
-
-def norm_train_plot(trained: pd.DataFrame, title: str) -> Figure:
-    """Training loss per step, one line per layout x warm-up."""
-    fig, ax = _subplots(figsize=(8, 4.5))
-    steps = trained[trained["kind"] == "step"]
-    for (layout, warmup), rows in steps.groupby(["layout", "warmup_steps"], sort=False):
-        ax.plot(rows["step"], rows["loss"], linestyle="-" if layout == "pre" else "--",
-                label=f"{layout}-norm, warm-up {int(warmup)}")
-    return _finish(fig, ax, "step", "training loss (nats per token)", title)
-
-
 def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
     """Labels, title, legend; fixed margins for these one-axes 8 x 4.5 figures (tight_layout
     draws the whole figure once more just to measure it: a quarter second per command)."""
