@@ -237,11 +237,27 @@ def arrangement_table(df, title: str):
     from blockscope.results.render import table
 
     ci = df["ci_low"].notna().any()
+    n_layers = len(df.loc[0, "order"].split())
     shown = df.assign(ppl=[with_intervals(r.perplexity, r.ci_low, r.ci_high, ",.2f")
-                           for r in df.itertuples()])
-    return table(shown, {"arrangement": ("arrangement", "s"), "order": ("blocks run", "s"),
+                           for r in df.itertuples()],
+                      order=[f"as built, 0 to {n_layers - 1}" if i == 0 else
+                             _around(r.order, r.first, r.last, n_layers)
+                             for i, r in enumerate(df.itertuples())])
+    return table(shown, {"arrangement": ("arrangement", "s"),
                          "ppl": ("perplexity [95% CI]" if ci else "perplexity", "s"),
-                         "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f")},
+                         "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f"),
+                         "order": ("blocks run", "s")},
                  title=title, styles={0: "bold"},
                  caption="Blocks count from 0; i:j includes both ends; (a+b): run side by "
-                 "side on one input, writes summed. KL: mean KL(clean || arranged), nats.")
+                 "side on one input, writes summed; the changed run of blocks with one "
+                 "either side (the CSV has the whole order). KL: mean KL(clean || "
+                 "arranged), nats.")
+
+
+def _around(order: str, first: int, last: int, n_layers: int) -> str:
+    """The blocks as they run, from the one before the changed run to the one after."""
+    steps, first, last = order.split(), int(first), int(last)
+    changed = len(steps) - first - (n_layers - last - 1)  # steps of the changed run
+    lo, hi = max(first - 1, 0), min(first + changed + 1, len(steps))
+    return " ".join((["..."] if lo > 0 else []) + steps[lo:hi]
+                    + (["..."] if hi < len(steps) else []))
