@@ -158,8 +158,8 @@ def engine_sweep(model, tokens: torch.Tensor, variants: Sequence[Start], *,
 
     nlls, how = engine_nlls(model, tokens, variants, wins=wins, **kw)
     labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
-    sums, counts = stats.unit_sums(torch.stack(nlls), "document")  # the passage, one unit
-    df = stats.frame(labels, sums, counts, None, "document")
+    sums, counts = stats.unit_sums(torch.stack(nlls), "document")  # (1, V, 2): one unit
+    df = stats.frame(labels, sums[..., 0], counts, None, "document", kl=sums[..., 1])
     df.attrs["engine"] = how
     return df
 

@@ -62,8 +62,6 @@ def frame(labels: list[dict], sums: np.ndarray, counts: np.ndarray,
 
     sums: (U, V) summed NLL per unit and variant; counts: (U,) tokens scored per unit; kl:
     (U, V) summed KL divergence from the clean distribution (absent: the column is NaN)."""
-    if sums.ndim == 3:  # (U, V, 2): NLL and KL together, as `unit_sums` gives them
-        sums, kl = sums[..., 0], sums[..., 1]
     total, n = sums.sum(0), int(counts.sum())  # (V,)
     nll = total / n
     df = pd.DataFrame([{**label, "n_scored": n, "nll": float(v), "perplexity": math.exp(v)}

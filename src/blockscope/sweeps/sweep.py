@@ -51,13 +51,16 @@ def nll_from_logits(logits: torch.Tensor, chunk: torch.Tensor, w: Window) -> tor
     return nll_of(logits[lo - 1 : -1], chunk[0, lo:])
 
 
-def nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def nll_of(logits: torch.Tensor, targets: torch.Tensor,
+           lse: torch.Tensor | None = None) -> torch.Tensor:
     """NLL (k,) float64 of `targets` (k,) from the float32 logits (k, d_vocab) predicting
     them: logsumexp with the exponentials summed in float64, as the engine's blocked
     unembedding sums them. (float32 `log_softmax` over 49,152 logits is biased by about
-    -9e-6 nats per token on the CPU, the whole margin the engines are held to.)"""
+    -9e-6 nats per token on the CPU, the whole margin the engines are held to.) `lse`: the
+    logits' logsumexp (`_lse`), if already at hand."""
     logits = logits if logits.dtype == torch.float64 else logits.float()
-    return _lse(logits) - logits.gather(-1, targets[:, None])[:, 0].double()
+    lse = _lse(logits) if lse is None else lse
+    return lse - logits.gather(-1, targets[:, None])[:, 0].double()
 
 
 class CleanDistribution:
@@ -192,8 +195,8 @@ def naive_nlls(
             for i, v in enumerate(variants, 1):
                 with applied(model, hooks(v.edits)):
                     logits = model(chunk, return_type="logits")[0, lo - 1 : -1]
-                lse = _lse(logits)  # (n,): nll_of's, kept for the KL
-                nll = (lse - logits.float().gather(-1, chunk[0, lo:, None])[:, 0].double()).cpu()
+                lse = _lse(logits)  # (n,): the NLL's and the KL's
+                nll = nll_of(logits, chunk[0, lo:], lse).cpu()
                 div = (clean.kl(logits, lse).cpu() if kl
                        else torch.full_like(nll, math.nan))
                 rows[i].append(torch.stack([nll, div]))
