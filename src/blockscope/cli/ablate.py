@@ -24,7 +24,6 @@ from blockscope.cli.text_options import (
     check_resample,
     resample_record,
 )
-from blockscope.errors import BadValue
 
 
 class Part(str, Enum):
@@ -52,8 +51,9 @@ class Ablate(Options):
     out: Output = group(Output)
 
     def check(self) -> None:
-        if self.method is Method.resample and self.part is Part.block:
-            raise BadValue("`method` resample replaces a half's write: give `part` attn or mlp")
+        from blockscope.experiments.ablate import check_method
+
+        check_method(self.part.value, self.method.value)
         check_resample(self.method, self.passage)
 
     @property

@@ -141,9 +141,6 @@ class Arrangements(str, Enum):
     adjacent_swaps = "adjacent-swaps"
 
 
-
-
-
 @dataclass
 class Rearrange(Options):
     name: ClassVar[str] = "rearrange"

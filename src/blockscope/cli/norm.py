@@ -89,6 +89,7 @@ def norm_placement(o: NormPlacement) -> None:
     started = time.perf_counter()
     tc, passage = o.train(), read_passage(o.text)
     init_cfg, train_cfg, data = stacks(o, passage)
+    plateau = experiment.plateau(data)  # the loss a context-blind model reaches
     total = 4 * o.seeds + 4 * len(tc.lrs) * o.train_steps  # layouts x inits x seeds, then
     #   every run's steps (layouts x warm-ups x rates)
     with progress_bar(err, total, "init gradients, then training", not o.out.quiet) as tick:
@@ -97,13 +98,13 @@ def norm_placement(o: NormPlacement) -> None:
             progress=(tick, tick))
     finals = experiment.final_losses(trained) if o.train_steps else None
     if not o.out.quiet:
-        render(summary, finals, claims, o.warmup_steps, experiment.plateau(data))
+        render(summary, finals, claims, o.warmup_steps, plateau)
     meta = experiment.sidecar_record(init_cfg, train_cfg, tc)
     meta.update(command="norm-placement", model=o.model, tokenizer=o.tokenizer.value,
                 text={"path": str(passage.path), "sha256": passage.sha256},
                 init_tokens=min(o.max_tokens, init_cfg.n_ctx, data.numel() - 1),
                 seeds=o.seeds, seed=o.seed, claims=claims.to_dict(orient="records"),
-                plateau_nats=experiment.plateau(data),
+                plateau_nats=plateau,
                 wall_time_s=round(time.perf_counter() - started, 3))
     from blockscope.results.files import sidecar
 

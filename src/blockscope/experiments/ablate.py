@@ -25,6 +25,12 @@ METHODS = ("zero", "mean", "resample")
 ENGINES = plan.ENGINES
 
 
+def check_method(part: str, method: str) -> None:
+    """`method` resample replaces a half's write with another document's: not a block's."""
+    if method == "resample" and part == "block":
+        raise BadValue("`method` resample replaces a half's write: give `part` attn or mlp")
+
+
 def block_ablation(
     model,
     tokens,
@@ -60,9 +66,7 @@ def block_ablation(
     if method not in METHODS:
         raise BadValue(f"`method` must be one of {', '.join(METHODS)}")
     plan.check_engine(engine)
-    if method == "resample" and part == "block":
-        raise BadValue("`method` resample replaces a half's write (`part` attn or mlp), not a "
-                       "whole block")
+    check_method(part, method)
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
     if any(not 0 <= i < n_layers for i in layers):
