@@ -8,25 +8,29 @@ An intervention is a small record (pyvene's intervention classes) at one layer, 
   or a clean mean;
 - `ScaleHeads`: each head's z := keep * z + (1 - keep) * fill (keep 0 removes a head);
 - `ScaleNeurons`: chosen MLP neurons' activations := 0, or their clean means;
-- `Rearrange`: blocks first..last replaced by the same blocks in another arrangement
-  (swapped, reversed, repeated, or run side by side on one input, their writes summed).
+- `Rearrange` (rearrange.py): blocks first..last replaced by the same blocks in another
+  arrangement (swapped, reversed, repeated, or run side by side, their writes summed).
 
 Every engine uses `apply`: the naive loop runs it as TransformerLens hooks (`hooks`), the
 cached engine (`entries.start`) applies it to the cached clean activation and carries the
 change into the stream (as is for a write, through W_O for z), and the gradient replay
-scales z with it. `applied(model, hooks)` adds hooks for a `with` block (TransformerLens's
-`model.hooks`, which removes them in `finally`). A new intervention is one class here.
+scales z with it. `applied(model, hooks)` (points.py) adds hooks for a `with` block
+(TransformerLens's `model.hooks`, which removes them in `finally`). A new intervention is
+one class here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 
-Hook = tuple[str, Callable]
+from blockscope.interventions.points import BlockPreHook, Hook, applied, hooks
+from blockscope.interventions.rearrange import Rearrange
+
+__all__ = ["BlockPreHook", "Hook", "Intervention", "Rearrange", "RemoveWrite", "Resampled",
+           "ScaleHeads", "ScaleNeurons", "SkipBlock", "applied", "head_edits", "hooks",
+           "intervention", "mask_heads", "resample"]
 PART_HOOKS = {"attn": "hook_attn_out", "mlp": "hook_mlp_out"}  # a half's write to the stream
 COMPONENTS = ("block", "attn", "mlp", "heads")
 
@@ -156,92 +160,6 @@ class ScaleNeurons:
         return [(self.point, lambda act, hook=None: self.apply(act))]
 
 
-@dataclass(frozen=True, eq=False)
-class Rearrange:
-    """Blocks first..last (the window) replaced by `steps`: each step a tuple of block
-    indices, one block run on the stream, or several run side by side on the same input
-    with their writes summed (Layers as Painters' parallel layers). A block keeps its own
-    weights and its own attention kind wherever it runs."""
-
-    first: int
-    last: int
-    steps: tuple[tuple[int, ...], ...]
-    name: str = ""  # how the user wrote it ("swap 3,4")
-    component = "arrangement"
-
-    @property
-    def layer(self) -> int:
-        return self.first
-
-    def apply(self, x: torch.Tensor, run: Callable[[int, torch.Tensor], torch.Tensor]
-              ) -> torch.Tensor:
-        """The window's output `(..., T, d_model)` from what block `first` received, with
-        `run(j, x)` = block j on x."""
-        for step in self.steps:
-            if len(step) == 1:
-                x = run(step[0], x)
-            else:  # x + sum_j (block_j(x) - x)
-                x = x + sum(run(j, x) - x for j in step)
-        return x
-
-    def order(self, n_layers: int) -> str:
-        """The blocks as they now run, e.g. "0 1 3 2 4" ("(2+3)" for side by side)."""
-        steps = [(j,) for j in range(self.first)] + list(self.steps) + [
-            (j,) for j in range(self.last + 1, n_layers)]
-        return " ".join(str(s[0]) if len(s) == 1 else "(" + "+".join(map(str, s)) + ")"
-                        for s in steps)
-
-    def hooks(self) -> list[Hook]:
-        """What block `first` receives is kept; at block `last`'s output the window's
-        output is computed again by `apply` from it, with the bridge's own blocks and the
-        arguments the model passed each (recorded by torch pre-hooks on the blocks as it
-        runs, any K/V cache dropped); the hooks stand aside while `apply` runs blocks."""
-        from blockscope.model.adapters import is_cache
-
-        stash: list[torch.Tensor] = []
-        busy = [False]
-        recorded: dict[int, tuple] = {}
-
-        def save(resid_pre, hook=None):
-            if not busy[0]:
-                stash.append(resid_pre)
-
-        def run(j, x):
-            block, args, kwargs = recorded[j]
-            out = block(x, *args, **kwargs)
-            return out[0] if isinstance(out, tuple) else out
-
-        def restore(resid_post, hook=None):
-            if busy[0]:
-                return resid_post
-            busy[0] = True
-            try:
-                return self.apply(stash.pop(), run)
-            finally:
-                busy[0] = False
-
-        def record(j):
-            def pre_hook(block, args, kwargs):
-                if not busy[0]:
-                    recorded[j] = (block, tuple(None if is_cache(a) else a for a in args[1:]),
-                                   {**{k: None if is_cache(v) else v for k, v in kwargs.items()},
-                                    "use_cache": False})
-            return pre_hook
-
-        blocks = sorted({j for s in self.steps for j in s})
-        return [(f"blocks.{self.first}.hook_resid_pre", save),
-                (f"blocks.{self.last}.hook_resid_post", restore),
-                *[(BlockPreHook(j), record(j)) for j in blocks]]
-
-
-@dataclass(frozen=True)
-class BlockPreHook:
-    """Where a hook is a torch forward pre-hook (with kwargs) on block `layer` itself, not a
-    TransformerLens hook point: it sees the arguments the model passes the block."""
-
-    layer: int
-
-
 Intervention = SkipBlock | RemoveWrite | ScaleHeads | ScaleNeurons | Rearrange
 
 
@@ -280,11 +198,6 @@ def intervention(component: str, layer: int, fill: torch.Tensor | None = None,
     return RemoveWrite(component, layer, fill)
 
 
-def hooks(edits) -> list[Hook]:
-    """The hooks that carry out `edits` (each one's `apply`): what the naive loop runs."""
-    return [h for e in edits for h in e.hooks()]
-
-
 def head_edits(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None
                ) -> list[ScaleHeads]:
     """One ScaleHeads per layer whose row of `keep` (n_layers, n_heads) is not all ones
@@ -292,27 +205,6 @@ def head_edits(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None
     return [ScaleHeads(layer, keep[layer], (fill or {}).get(layer))
             for layer in range(keep.shape[0])
             if keep.requires_grad or not bool((keep[layer] == 1).all())]
-
-
-@contextmanager
-def applied(model, hooks: list[Hook]) -> Iterator[None]:
-    """Run the body with `hooks` on `model` (hook points by name, and `BlockPreHook`s); they
-    are removed however the body ends."""
-    if not hooks:
-        yield
-        return
-    points = [h for h in hooks if not isinstance(h[0], BlockPreHook)]
-    handles = [model.blocks[where.layer].register_forward_pre_hook(fn, with_kwargs=True)
-               for where, fn in hooks if isinstance(where, BlockPreHook)]
-    try:
-        if points:
-            with model.hooks(fwd_hooks=points):
-                yield
-        else:
-            yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def mask_heads(keep: torch.Tensor, fill: dict[int, torch.Tensor] | None = None) -> list[Hook]:
