@@ -161,7 +161,7 @@ def load(spec, allow_pickle: bool, quiet: bool):
 
 
 def sizes_of(model) -> dict:
-    """n_layers, n_heads, n_ctx of a loaded model (what `loading.peek_sizes` reads early)."""
+    """n_layers, n_heads, n_ctx of a loaded model (what `peek.peek_sizes` reads early)."""
     cfg = model.cfg
     return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx}
 
@@ -169,7 +169,7 @@ def sizes_of(model) -> dict:
 def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
     """Load the model; `check(sizes)` (which raises BlockscopeError on a bad option) runs
     first on the config alone where one is at hand without loading, then on the model."""
-    from blockscope.model.loading import peek_sizes
+    from blockscope.model.peek import peek_sizes
 
     if check is not None:
         early = peek_sizes(spec)

@@ -13,7 +13,7 @@ def early_tokens(spec, text: str, prepend_bos: bool):
     against the context, before the model loads (a bad prompt is refused in a second, not
     after a load); None when neither is at hand without loading: the load then checks."""
     from blockscope.inputs.text import tokenize
-    from blockscope.model.loading import peek_sizes, peek_tokenizer
+    from blockscope.model.peek import peek_sizes, peek_tokenizer
 
     tokenizer = peek_tokenizer(spec)
     if tokenizer is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from blockscope.errors import BadValue, BlockscopeError, ModelUnavailable
+from blockscope.errors import BlockscopeError, ModelUnavailable
 from blockscope.model.spec import (  # noqa: F401  (the names callers import from here)
     DEFAULT_MODEL,
     DTYPES,
@@ -250,56 +250,3 @@ def random_model(preset: str, tokenizer):
     return TransformerBridge.boot_transformers(
         preset, hf_model=hf_model.eval(), tokenizer=tokenizer, device="cpu"
     )
-
-
-def peek_sizes(spec: ModelSpec) -> dict | None:
-    """n_layers, n_heads and n_ctx from the config alone (a local directory's config.json,
-    or the cache), so options can be checked before the weights load; None when no
-    config is at hand without loading (the load then says why)."""
-    import json
-
-    try:
-        if spec.is_local:
-            data = json.loads((Path(spec.source) / "config.json").read_text(encoding="utf-8"))
-        else:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(spec.source, local_files_only=True)
-            data = getattr(config, "text_config", None) or config
-            data = data.to_dict()
-    except (OSError, ValueError, TypeError):
-        return None
-    from blockscope.model.arch import config_get
-
-    return {name: config_get(data, name) for name in ("n_layers", "n_heads", "n_ctx")}
-
-
-def peek_tokenizer(spec: ModelSpec):
-    """The tokenizer alone, its BOS chosen as the loaded model's will be, from a local
-    directory or the cache (no hub, no TransformerLens), so a prompt's refusals come before
-    the weights load; None when it is not at hand (the load then says why)."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from blockscope.inputs.text import choose_bos
-
-    hf_logging.set_verbosity_error()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.source, local_files_only=True,
-                                                  add_bos_token=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not here, or not readable: the load says which
-    choose_bos(tokenizer, spec.bos_token)
-    return tokenizer
-
-
-def local_tokenizer(name: str):
-    """The tokenizer of a checkpoint directory or cached hub id, without the hub (what
-    norm-placement tokenizes with under `--tokenizer model`)."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise BadValue(f"`tokenizer` model: no tokenizer for {name} here "
-                       f"({str(exc).splitlines()[0]})")
