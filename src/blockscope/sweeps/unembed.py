@@ -138,6 +138,12 @@ def kl_given_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window, nll: to
     h = model.ln_final(x)[0, w.offset - 1 : -1]  # (n, d_model)
     lse = nll.double() + _target_logits(h, linear.weight, linear.bias, chunk[0, w.offset:],
                                         None).double()
+    return _linear_kl(ref, h, lse)
+
+
+def _linear_kl(ref: Reference, h: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """KL (..., n) = (h_c - h) . E_c[W] + lse - lse_c, for rows h (..., n, d_model) whose
+    logits' logsumexp is `lse` (..., n): logits linear in h."""
     return ((ref.h.double() - h.double()) * ref.mean_w).sum(-1) + lse - ref.lse
 
 
@@ -169,9 +175,8 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
     nll = (lse - _target_logits(h, weight, bias, targets, softcap).double()).view(B, n)
     if ref is None:
         return nll
-    if cross is None:  # linear logits: (h_c - h) . E_c[W] + lse - lse_c
-        dot = ((ref.h.double() - h.view(B, n, -1).double()) * ref.mean_w).sum(-1)  # (B, n)
-        return nll, dot + lse.view(B, n) - ref.lse
+    if cross is None:  # linear logits
+        return nll, _linear_kl(ref, h.view(B, n, -1), lse.view(B, n))
     own: list = []  # sum_v p_c z_c: the clean rows' own term
     _logsumexp(ref.h, weight, bias, softcap, ref=(ref.h, ref.lse), cross=own)
     return nll, (own[0] - torch.cat(cross).view(B, n)) + lse.view(B, n) - ref.lse
