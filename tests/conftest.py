@@ -16,6 +16,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core (pyproject's `-n auto`):
+    torch.set_num_threads(1)  # a second thread each would only contend for the same cores
+
 from blockscope.model.loading import load_model, spec_for  # noqa: E402
 from blockscope.model.toy import save_gpt2_checkpoint  # noqa: E402
 
