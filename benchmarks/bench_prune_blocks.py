@@ -4,10 +4,17 @@ block-forwards each ran against the minimum the order needs.
 
     python benchmarks/bench_prune_blocks.py [--model DIR] [--tokens 469] [--max-removed N]
 
-The minimum: at each step, each candidate's blocks after the one it removes (those not
-removed), one row each, plus one clean pass; every candidate needs its own unembedding.
+The minimum: one clean pass; at each step, each candidate's blocks after the one it removes
+(those not removed), one row each, and every candidate's own unembedding; and from the
+second step on, the model without the blocks removed so far, from the first of them to the
+last candidate's input, once: the residual a candidate after that block enters from.
 The exact-work time is that work's FLOPs (one block and one unembedding counted by torch's
 FlopCounterMode) at the rate of a large matmul timed in the same run.
+
+`--breakdown` then profiles the first greedy step (every block removed alone) and splits its
+time into matrix products (with their FLOPs, from the profiled shapes, and the rate they ran
+at in place, beside a large matmul's rate timed around it), fused attention and everything
+else: where the time beyond the exact work goes.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from blockscope.allocator import tune_allocator  # noqa: E402
@@ -65,27 +73,97 @@ def counted(fn):
 
 
 def minimum(curve, n_layers: int) -> tuple[int, int]:
-    """(block rows, unembeddings) SLEB's greedy order needs at the least."""
+    """(block rows, unembeddings) SLEB's greedy order needs at the least: the clean pass;
+    then at each step every candidate's blocks after the one it removes (those not removed)
+    and its unembedding, and, once removals exist, the model without them from its first
+    removed block up to the last candidate's input: a candidate after the first removed
+    block enters from that model's residual (shared by the step's candidates)."""
     rows, unembeds, removed = n_layers, 1, []  # the clean pass
     for r in curve.iloc[1:].itertuples():
         left = [i for i in range(n_layers) if i not in removed]
         for c in left:
             rows += sum(1 for j in left if j > c)
             unembeds += 1
+        if removed:
+            rows += sum(1 for j in left if min(removed) < j < max(left))
         removed = [int(i) for i in r.removed.split(",")]
     return rows, unembeds
 
 
 def flops(model, ids) -> tuple[float, float]:
-    """FLOPs of one block and of one final norm + unembedding on these tokens."""
+    """FLOPs of one block and of one final norm + unembedding on these tokens (block 0 with
+    the arguments the clean pass gave it: rotary position embeddings, mask)."""
+    from blockscope.sweeps.clean import clean_pass
+    from blockscope.sweeps.sweep import model_windows
+
+    c = clean_pass(model, ids, model_windows(model, ids, None)[0])
+    args, kwargs = c.block_args[0]
     x = torch.randn(1, ids.shape[1], model.cfg.d_model)
     with torch.inference_mode():
         with FlopCounterMode(display=False) as f:
-            model.blocks[0](x)
+            model.blocks[0](x, *args, **kwargs)
         block = f.get_total_flops()
         with FlopCounterMode(display=False) as f:
             model.unembed(model.ln_final(x))
     return block, f.get_total_flops()
+
+
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")  # the profiler's own-time names of products
+
+
+class ProductFlops(TorchDispatchMode):
+    """Counts the FLOPs of matrix products, 2 x output elements x inner size (with the
+    composites `matmul` and `linear` as this mode meets them). Not FlopCounterMode: its
+    module tracking registers global module hooks, which send the engine through the
+    bridge's blocks instead of the plain replay (`replay.hooked`)."""
+
+    LEFT = {"mm": 0, "bmm": 0, "matmul": 0, "linear": 0, "addmm": 1, "baddbmm": 1}
+
+    def __init__(self):
+        super().__init__()
+        self.flop = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        left = self.LEFT.get(func._overloadpacket.__name__)
+        if left is not None:
+            self.flop += 2 * out.numel() * args[left].shape[-1]
+        return out
+
+
+def breakdown(model, ids, rate) -> None:
+    """Profile one greedy step (block_curve with max_removed=1): seconds in matrix products,
+    fused attention and the rest, by each op's own time; the products' FLOPs from a second
+    run counting them (recording shapes in the profiler slows the small ops ~15x). `rate`:
+    a function timing the large matmul, called before and after the profiled run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        return block_curve(model, ids, orders=("greedy",), max_removed=1)[0][0]
+
+    with ProductFlops() as counter:
+        curve = step()
+    flop = counter.flop
+    before = rate()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    rate = (before + rate()) / 2
+    own = {e.key.removeprefix("aten::"): e.self_cpu_time_total / 1e6
+           for e in prof.key_averages()}
+    products = sum(own.pop(k, 0.0) for k in MATMULS)
+    attention = sum(own.pop(k) for k in list(own) if "scaled_dot_product" in k)
+    rest = sum(own.values())
+    total = products + attention + rest
+    rows, unembeds = minimum(curve, model.cfg.n_layers)
+    block_f, unembed_f = flops(model, ids)
+    exact = (rows * block_f + unembeds * unembed_f) / rate
+    top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:6])
+    print(f"one greedy step, profiled: {total:.2f} s (exact work {exact:.2f} s, "
+          f"x{total / exact:.3f})"
+          f"\n  matrix products {products:.2f} s ({products / total:.0%}): {flop / 1e9:.0f} GFLOP "
+          f"at {flop / products / 1e9:.1f} GFLOP/s in place ({flop / rate:.2f} s at the large "
+          f"matmul's rate)\n  fused attention {attention:.2f} s ({attention / total:.0%})"
+          f"\n  the rest {rest:.2f} s ({rest / total:.0%}): {top}")
 
 
 def main() -> None:
@@ -94,6 +172,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=469)
     ap.add_argument("--max-removed", type=int)
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     tune_allocator()
     path = args.model
@@ -109,6 +188,7 @@ def main() -> None:
     kw = dict(orders=("greedy",), max_removed=args.max_removed)
     rate = matmul_rate()
     (curves, _), cached_s, cached_rows = counted(lambda: block_curve(model, ids, **kw))
+    cached_rows += L  # the clean pass: the bridge's own forward, which `counted` does not see
     rate = (rate + matmul_rate()) / 2
     curve = curves[0]
     need_rows, need_unembeds = minimum(curve, L)
@@ -127,6 +207,8 @@ def main() -> None:
         rel = float(((naive[0]["nll"] - curve["nll"]).abs() / naive[0]["nll"]).max())
         print(f"naive: {naive_s:.2f} s ({naive_s / cached_s:.2f}x the cached engine); same "
               f"order: {same}; NLL agree to {rel:.1e} relative")
+    if args.breakdown:
+        breakdown(model, ids, matmul_rate)
 
 
 if __name__ == "__main__":
