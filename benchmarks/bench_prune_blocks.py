@@ -12,7 +12,7 @@ The exact-work time is that work's FLOPs (one block and one unembedding counted 
 FlopCounterMode) at the rate of a large matmul timed in the same run.
 
 `--breakdown` then profiles the first greedy step (every block removed alone) and splits its
-time into matrix products (with their FLOPs, from the profiled shapes, and the rate they ran
+time into matrix products (with their FLOPs, counted in a second run, and the rate they ran
 at in place, beside a large matmul's rate timed around it), fused attention and everything
 else: where the time beyond the exact work goes.
 """
@@ -131,11 +131,11 @@ class ProductFlops(TorchDispatchMode):
         return out
 
 
-def breakdown(model, ids, rate) -> None:
+def breakdown(model, ids, timer, block_f: float, unembed_f: float) -> None:
     """Profile one greedy step (block_curve with max_removed=1): seconds in matrix products,
     fused attention and the rest, by each op's own time; the products' FLOPs from a second
-    run counting them (recording shapes in the profiler slows the small ops ~15x). `rate`:
-    a function timing the large matmul, called before and after the profiled run."""
+    run counting them (recording shapes in the profiler slows the small ops ~15x). `timer`
+    times the large matmul, before and after the profiled run; block_f, unembed_f: `flops`."""
     from torch.profiler import ProfilerActivity, profile
 
     def step():
@@ -144,10 +144,10 @@ def breakdown(model, ids, rate) -> None:
     with ProductFlops() as counter:
         curve = step()
     flop = counter.flop
-    before = rate()
+    before = timer()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    rate = (before + rate()) / 2
+    rate = (before + timer()) / 2
     own = {e.key.removeprefix("aten::"): e.self_cpu_time_total / 1e6
            for e in prof.key_averages()}
     products = sum(own.pop(k, 0.0) for k in MATMULS)
@@ -155,7 +155,6 @@ def breakdown(model, ids, rate) -> None:
     rest = sum(own.values())
     total = products + attention + rest
     rows, unembeds = minimum(curve, model.cfg.n_layers)
-    block_f, unembed_f = flops(model, ids)
     exact = (rows * block_f + unembeds * unembed_f) / rate
     top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:6])
     print(f"one greedy step, profiled: {total:.2f} s (exact work {exact:.2f} s, "
@@ -208,7 +207,7 @@ def main() -> None:
         print(f"naive: {naive_s:.2f} s ({naive_s / cached_s:.2f}x the cached engine); same "
               f"order: {same}; NLL agree to {rel:.1e} relative")
     if args.breakdown:
-        breakdown(model, ids, matmul_rate)
+        breakdown(model, ids, matmul_rate, block_f, unembed_f)
 
 
 if __name__ == "__main__":
