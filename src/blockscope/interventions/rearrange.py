@@ -52,7 +52,7 @@ class Rearrange:
         output is computed again by `apply` from it, with the bridge's own blocks and the
         arguments the model passed each (recorded by torch pre-hooks on the blocks as it
         runs, any K/V cache dropped); the hooks stand aside while `apply` runs blocks."""
-        from blockscope.model.adapters import is_cache
+        from blockscope.model.adapters import replayable_call
 
         stash: list[torch.Tensor] = []
         busy = [False]
@@ -79,9 +79,7 @@ class Rearrange:
         def record(j):
             def pre_hook(block, args, kwargs):
                 if not busy[0]:
-                    recorded[j] = (block, tuple(None if is_cache(a) else a for a in args[1:]),
-                                   {**{k: None if is_cache(v) else v for k, v in kwargs.items()},
-                                    "use_cache": False})
+                    recorded[j] = (block, *replayable_call(args, kwargs))
             return pre_hook
 
         blocks = sorted({j for s in self.steps for j in s})

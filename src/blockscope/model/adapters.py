@@ -97,6 +97,17 @@ def is_cache(value) -> bool:
     return type(value).__name__.endswith("Cache")
 
 
+def replayable_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A block's call as a forward pre-hook sees it, for calling the block again: the
+    arguments after the hidden states, any K/V cache dropped (replays never append to
+    it), and `use_cache=False`."""
+    def keep(v):
+        return None if is_cache(v) else v
+
+    return (tuple(keep(a) for a in args[1:]),
+            {**{k: keep(v) for k, v in kwargs.items()}, "use_cache": False})
+
+
 def block_kind(model, j: int) -> tuple:
     """What may make block j compute differently from another: its HF class and, where the
     config or its attention says so, its attention type (sliding or global)."""

@@ -60,10 +60,6 @@ def kept_names(lay, n_layers: int, z: bool) -> list[str]:
     return [f"blocks.{i}.{n}" for i in range(n_layers) for n in per]
 
 
-def _no_cache(value):
-    return None if adapters.is_cache(value) else value
-
-
 def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
                reference: bool = False) -> Clean:
     """One hooked forward of window `w`, keeping each block's input and the `names` asked
@@ -91,8 +87,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
 
     def record(i):
         def pre_hook(module, args, kwargs):
-            kwargs = {k: _no_cache(v) for k, v in kwargs.items()}
-            args_of[i] = (tuple(_no_cache(a) for a in args[1:]), {**kwargs, "use_cache": False})
+            args_of[i] = adapters.replayable_call(args, kwargs)
 
         return pre_hook
 
