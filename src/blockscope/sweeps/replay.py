@@ -60,6 +60,16 @@ class Parts:
     def d_head(self) -> int:
         return self.q.out_features // self.n_heads
 
+    def attn_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return _layer_norm(self.ln_1, x)
+
+    def project(self, h: torch.Tensor, ctx=None, start: int = 0):
+        """q, k, v (B, n_heads, T, d_head) of the normed stream h (B, T, d_model) at
+        positions start.. (GPT-2's positions are in the stream already)."""
+        B, T, _ = h.shape
+        return tuple(m(h).view(B, T, self.n_heads, self.d_head).transpose(1, 2)
+                     for m in (self.q, self.k, self.v))
+
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """mlp(ln_2(x)), with the MLP's activation as it is at the call: inside the
         engine's `fused_gelu`, torch's fused tanh GELU (`adapters.fast_activations`)."""

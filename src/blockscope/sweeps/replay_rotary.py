@@ -48,6 +48,14 @@ def _rope_and_mask(ctx, T: int):
     return rope, {"attn_mask": allowed}
 
 
+def _rope_at(ctx, start: int, T: int):
+    """The recorded rotary (cos, sin) at positions start..start+T-1."""
+    rope = (ctx[1] if ctx is not None else {}).get("position_embeddings")
+    if rope is None:
+        raise ReplayArgsMissing("no rotary position embeddings recorded for this block")
+    return tuple(t[:1, start : start + T] for t in rope)
+
+
 def _attend(q, k, v, scale: float, mask_args: dict) -> torch.Tensor:
     """Fused attention; q (B, n_heads, T, d_head), k/v (B, n_kv_heads, T, d_head)."""
     if k.shape[1] != q.shape[1]:  # grouped-query: each K/V head serves a group of query heads
@@ -89,6 +97,19 @@ class LlamaParts:
         z = _attend(q, k, v, self.scale, mask_args)  # (B, k, T, d_head)
         return heads_out(self.o, z, keep, idx)
 
+    def attn_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln1(x)
+
+    def project(self, h: torch.Tensor, ctx, start: int = 0):
+        """q (B, n_heads, T, d_head) and k, v (B, n_kv_heads, T, d_head) of the normed
+        stream h (B, T, d_model) at positions start.., rotated for those positions."""
+        B, T, _ = h.shape
+        cos, sin = _rope_at(ctx, start, T)
+        q, k, v = (m(h).view(B, T, -1, self.d_head).transpose(1, 2)
+                   for m in (self.q, self.k, self.v))
+        q, k = self.rotary(q, k, cos, sin)
+        return q, k, v
+
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln2(x)
         return self.down(self.act(self.gate(h)) * self.up(h))  # SwiGLU: (B, T, d_model)
@@ -119,6 +140,19 @@ class NeoXParts:
         q, k = self.rotary(q, k, cos, sin)  # rotates the first cos.shape[-1] dims only
         z = _attend(q, k, v, self.scale, mask_args)
         return heads_out(self.o, z, keep, idx)
+
+    def attn_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln1(x)
+
+    def project(self, h: torch.Tensor, ctx, start: int = 0):
+        """q, k, v (B, n_heads, T, d_head) of the normed stream h (B, T, d_model) at
+        positions start.., rotated for those positions."""
+        B, T, _ = h.shape
+        cos, sin = _rope_at(ctx, start, T)
+        qkv = self.qkv(h).view(B, T, -1, 3 * self.d_head)
+        q, k, v = qkv.transpose(1, 2).chunk(3, dim=-1)
+        q, k = self.rotary(q, k, cos, sin)
+        return q, k, v
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(self.act(self.fc_in(self.ln2(x))))

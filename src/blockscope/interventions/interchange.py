@@ -1,0 +1,128 @@
+"""Interchange interventions: an edit writes at a named site what its `apply(base, source)`
+returns, where `base` is the run's own activation there and `source` another run's.
+
+This is pyvene's one `forward(base, source)`: a patch, a restore, a freeze and a resample
+differ only in which run `source` is; noise is `base + source`; a knockout writes -inf into
+the attention scores. The site is TransformerLens's hook name, a layer, positions and
+optionally a head, and the engine (sweeps/interchange) selects it, so `apply` sees only the
+selected values:
+
+- `hook_resid_pre`, `hook_resid_post`, `hook_resid_mid`, `hook_attn_out`, `hook_mlp_out`,
+  and `hook_embed` (layer None): (batch, pos, d_model) at `positions`;
+- `attn.hook_z`: (batch, pos, n_heads, d_head) at `positions`, one `head` or all;
+- `attn.hook_attn_scores`: (batch, n_heads, query, key) at queries `positions` and `keys`.
+
+A new intervention is one class with `apply`; no engine change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+POINTS = ("hook_embed", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_out",
+          "hook_resid_post", "attn.hook_z", "attn.hook_attn_scores")
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where an edit writes: a TransformerLens hook point, its layer (None for
+    `hook_embed`), the token positions (the queries, for attention scores), a head (None:
+    every head) and, for attention scores, the keys."""
+
+    point: str
+    layer: int | None
+    positions: tuple[int, ...]
+    head: int | None = None
+    keys: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.point not in POINTS:
+            raise ValueError(f"unknown site {self.point!r}; one of {', '.join(POINTS)}")
+        if (self.layer is None) != (self.point == "hook_embed"):
+            raise ValueError("`hook_embed` has no layer; every other site has one")
+        if (self.point == "attn.hook_attn_scores") != bool(self.keys):
+            raise ValueError("`keys` go with attention scores, and only with them")
+        if not self.positions:
+            raise ValueError("a site needs at least one position")
+
+    @property
+    def name(self) -> str:
+        """The TransformerLens hook name."""
+        return self.point if self.layer is None else f"blocks.{self.layer}.{self.point}"
+
+    def index(self, offset: int = 0) -> tuple:
+        """The index of the selected values in one run's activation without its batch axis,
+        its positions counted from `offset` (a run resumed at position `offset`)."""
+        pos = torch.tensor(self.positions) - offset
+        head = slice(None) if self.head is None else self.head
+        if self.point == "attn.hook_z":  # (pos, n_heads, d_head)
+            return (pos, head)
+        if self.point == "attn.hook_attn_scores":  # (n_heads, query, key)
+            return (head, pos[:, None], torch.tensor(self.keys)[None, :])
+        return (pos,)  # (pos, d_model)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """The source run's value: activation patching, ROME's restore, a freeze."""
+
+    def apply(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return source
+
+
+@dataclass(frozen=True)
+class AddNoise:
+    """base + source: the source is the noise (ROME's corrupted subject embeddings)."""
+
+    def apply(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return base + source.to(base)
+
+
+@dataclass(frozen=True)
+class Knockout:
+    """-inf in the attention scores: the query cannot attend to the key (Geva et al. 2023's
+    attention knockout; the softmax renormalises over the rest). No source."""
+
+    def apply(self, base: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.full_like(base, float("-inf"))
+
+
+@dataclass(frozen=True)
+class Edit:
+    """An intervention at a site, reading `source`: the name of a run whose activation at
+    the same site it takes, a tensor (batch or 1, *selected shape), or None."""
+
+    site: Site
+    intervention: object  # anything with apply(base, source) -> activation'
+    source: str | torch.Tensor | None = None
+
+    def __eq__(self, other) -> bool:  # a tensor source compares by identity
+        return (isinstance(other, Edit) and self.site == other.site
+                and self.intervention == other.intervention and (
+                    self.source is other.source if isinstance(self.source, torch.Tensor)
+                    else self.source == other.source))
+
+    def __hash__(self) -> int:
+        src = id(self.source) if isinstance(self.source, torch.Tensor) else self.source
+        return hash((self.site, self.intervention, src))
+
+    def write(self, act: torch.Tensor, rows, offset: int, sources: dict) -> None:
+        """Write `apply(base, source)` into `act` (batch, ...) in place, at the site in the
+        batch rows `rows` [(row, sample)], positions counted from `offset`."""
+        idx = self.site.index(offset)
+        full = self.site.index(0)
+        for row, sample in rows:
+            base = act[row][idx]
+            act[row][idx] = self.intervention.apply(base, self.source_for(sources, sample, full))
+
+    def source_for(self, sources: dict, sample: int, full: tuple):
+        """This edit's source for one sample, selected at the site."""
+        if self.source is None:
+            return None
+        if isinstance(self.source, torch.Tensor):
+            src = self.source
+            return src[sample if src.shape[0] > 1 else 0]
+        act = sources[self.source][self.site.name]  # (batch or 1, ...) the whole run's
+        return act[sample if act.shape[0] > 1 else 0][full]

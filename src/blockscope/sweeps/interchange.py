@@ -1,0 +1,192 @@
+"""Interchange sweeps: a base run, source runs, variants (edits at named sites) and a metric.
+
+`sweep(model, base, sources, variants, metric)` scores each variant: the base run (its
+tokens, and edits of its own such as ROME's noise, over `samples` copies) with the
+variant's edits (`interventions.interchange.Edit`), each writing `apply(base, source)` at
+its site, `source` being what a source run had there. Source runs are run once and their
+activations cached; the base run is run once and kept.
+
+Two engines give the same numbers:
+- `naive`: one hooked forward of the base run per variant (TransformerLens's
+  `generic_activation_patch`, ROME's `trace_with_patch`);
+- `cached` (resume.py): each variant from the first block and the first position it
+  changes. The model is causal, so the positions before the first changed one are the base
+  run's, and their keys and values too: a variant at (layer l, position p) runs blocks
+  l.. at positions p.. only. It runs on the plain replays (GPT-2, the Llama family,
+  GPT-NeoX), self-checked: the base run replayed from the embeddings, and the first
+  variant of each kind held to the naive loop; on a mismatch every variant runs naive and
+  `how["fallback"]` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from blockscope.interventions import applied
+from blockscope.interventions.interchange import Edit
+from blockscope.model import adapters
+from blockscope.sweeps.sweep import Variant
+
+ENGINES = ("cached", "naive")
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """A run of the model: tokens (1, T), and the edits that make it (each reading a tensor
+    source, batch `samples` or 1), over `samples` copies of the tokens."""
+
+    tokens: torch.Tensor
+    edits: tuple[Edit, ...] = ()
+    samples: int = 1
+
+
+@dataclass
+class Captured:
+    """What a run left: its final logits at the last position, each block's input (and the
+    final residual) and the hook points asked for, all (samples, ...), and each block's call."""
+
+    logits: torch.Tensor  # (S, d_vocab)
+    pre: list[torch.Tensor]  # n_layers + 1 of (S, T, d_model)
+    acts: dict[str, torch.Tensor]  # hook name -> (S, ...)
+    block_args: list[tuple[tuple, dict]]
+
+
+@dataclass
+class Result:
+    """A sweep's metric values, and how it ran."""
+
+    values: np.ndarray  # (V, S): each variant on each sample of the base run
+    base: np.ndarray  # (S,): the base run itself
+    sources: dict[str, np.ndarray]  # each source run itself, (its samples,)
+    how: dict = field(default_factory=dict)
+
+
+def rows_of(samples: int) -> list[tuple[int, int]]:
+    """Batch rows [(row, sample)] of one run of `samples` copies."""
+    return [(s, s) for s in range(samples)]
+
+
+def edit_hooks(edits: Sequence[Edit], samples: int, sources: dict) -> list:
+    """TransformerLens hooks that write each edit's `apply(base, source)` at its site, in
+    every sample (the naive loop's; the run's own edits go first)."""
+    by_name: dict[str, list[Edit]] = {}
+    for e in edits:
+        by_name.setdefault(e.site.name, []).append(e)
+
+    def hook_for(group):
+        def hook(act, hook=None):
+            act = act.clone()
+            for e in group:
+                e.write(act, rows_of(samples), 0, sources)
+            return act
+
+        return hook
+
+    return [(name, hook_for(group)) for name, group in by_name.items()]
+
+
+def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False
+            ) -> Captured:
+    """One forward of `run` (its edits on), keeping the hook points `names` (as edited) and,
+    with `blocks`, each block's input, the final residual and each block's call."""
+    n = model.cfg.n_layers
+    pre: list = [None] * (n + 1)
+    acts: dict[str, torch.Tensor] = {}
+    args: list = [None] * n
+
+    def keep(name, i=None):
+        def hook(act, hook=None):
+            if i is None:
+                acts[name] = act.detach()
+            else:
+                pre[i] = act.detach()
+
+        return hook
+
+    hooks = edit_hooks(run.edits, run.samples, {})
+    hooks += [(name, keep(name)) for name in sorted(set(names))]
+    handles = []
+    if blocks:
+        hooks += [(f"blocks.{i}.hook_resid_pre", keep(None, i)) for i in range(n)]
+        hooks.append(("ln_final.hook_in", keep(None, n)))
+
+        def record(i):
+            def pre_hook(module, a, kw):
+                args[i] = adapters.replayable_call(a, kw)
+
+            return pre_hook
+
+        handles = [b.register_forward_pre_hook(record(i), with_kwargs=True)
+                   for i, b in enumerate(model.blocks)]
+    tokens = run.tokens.to(model.cfg.device).expand(run.samples, -1)  # (S, T)
+    try:
+        with torch.inference_mode(), applied(model, hooks):
+            logits = model(tokens, return_type="logits")[:, -1]  # (S, d_vocab)
+    finally:
+        for h in handles:
+            h.remove()
+    return Captured(logits.float(), pre, acts, args)
+
+
+def naive(model, base: Run, variants: Sequence[Variant], sources: dict, metric,
+          progress: Callable | None = None) -> list[torch.Tensor]:
+    """Each variant's metric (S,): one hooked forward of the base run per variant."""
+    out = []
+    for v in variants:
+        out.append(metric(variant_logits(model, base, v, sources)).cpu())
+        if progress:
+            progress()
+    return out
+
+
+def variant_logits(model, base: Run, v: Variant, sources: dict) -> torch.Tensor:
+    """The last position's logits (S, d_vocab) of the base run with `v`'s edits on."""
+    tokens = base.tokens.to(model.cfg.device).expand(base.samples, -1)
+    hooks = edit_hooks((*base.edits, *v.edits), base.samples, sources)
+    with torch.inference_mode(), applied(model, hooks):
+        return model(tokens, return_type="logits")[:, -1].float()
+
+
+def source_names(variants: Sequence[Variant]) -> dict[str, set[str]]:
+    """Run name -> the hook points the variants read from it."""
+    need: dict[str, set[str]] = {}
+    for v in variants:
+        for e in v.edits:
+            if isinstance(e.source, str):
+                need.setdefault(e.source, set()).add(e.site.name)
+    return need
+
+
+def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant], metric, *,
+          engine: str = "cached", batch_size: int | None = None,
+          progress: Callable | None = None) -> Result:
+    """Every variant's metric on every sample of the base run. `sources` names the runs
+    edits read from; "base" names the base run itself (a freeze)."""
+    from blockscope.sweeps import resume
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+    need = source_names(variants)
+    unknown = sorted(set(need) - set(sources) - {"base"})
+    if unknown:
+        raise ValueError(f"edits read from runs not given: {', '.join(unknown)}")
+    held = {name: capture(model, run, sorted(need.get(name, ()))) for name, run in sources.items()}
+    kept = capture(model, base, sorted(need.get("base", ())), blocks=engine == "cached")
+    acts = {name: c.acts for name, c in held.items()} | {"base": kept.acts}
+    if progress:
+        progress(total=len(variants))
+    how: dict = {"engine": engine}
+    values = None
+    if engine == "cached":
+        values, how = resume.cached(model, base, kept, variants, acts, metric,
+                                    batch_size=batch_size, progress=progress)
+    if values is None:
+        values = naive(model, base, variants, acts, metric, progress)
+    return Result(np.stack([v.numpy() for v in values]) if values else
+                  np.zeros((0, base.samples)),
+                  metric(kept.logits).cpu().numpy(),
+                  {name: metric(c.logits).cpu().numpy() for name, c in held.items()}, how)

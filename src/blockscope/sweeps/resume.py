@@ -1,0 +1,212 @@
+"""The position-limited resume: each variant from the first block and position it changes.
+
+A variant whose edits start at block l (its `stage`: a block's output is the next block's
+input) and position p runs blocks l.. at positions p.. only, in plain torch calls
+(`replay`, `replay_rotary`), attending to the base run's own keys and values at the
+positions before p (the model is causal: nothing there changed). Variants of one start
+position share a batch that grows block by block as they join it.
+
+Before any variant counts, the base run is replayed from the embeddings and held to the
+bridge's pass, and the first variant of each kind to the naive loop; a mismatch beyond
+float32 rounding means every variant runs naive, and `how["fallback"]` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from blockscope.sweeps import engine, selfcheck, steps
+from blockscope.sweeps.sweep import Variant
+
+INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
+          "hook_resid_mid", "hook_mlp_out")  # the sites a block step writes, in order
+
+
+def stage(e) -> int:
+    """The block whose step carries out edit `e` (a block's output is written as the next
+    block's input is read)."""
+    return e.site.layer + 1 if e.site.point == "hook_resid_post" else e.site.layer
+
+
+def entry(v: Variant) -> tuple[int, int]:
+    """(block, position) the variant resumes at: its first changed block and position."""
+    return min(stage(e) for e in v.edits), min(min(e.site.positions) for e in v.edits)
+
+
+def kind(v: Variant) -> tuple:
+    """What makes two variants' resumes differ in form, for the self-check."""
+    return tuple(sorted({e.site.point for e in v.edits}))
+
+
+def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
+    """Why the cached engine cannot run these variants, or None."""
+    if plain is None:
+        return "this family has no plain replay"
+    for v in variants:
+        if not v.edits:
+            return "a variant without edits"
+        for e in v.edits:
+            if e.site.point == "hook_embed":
+                return "an edit at hook_embed (before the position embeddings)"
+            if e.site.point == "hook_resid_mid" and plain[e.site.layer].parallel:
+                return "hook_resid_mid in a parallel block"
+    return None
+
+
+def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric, *,
+           batch_size: int | None = None, progress: Callable | None = None):
+    """Each variant's metric (S,) by the position-limited resume, and how it ran; (None,
+    how) where the engine cannot run them or its self-check fails (naive then)."""
+    plain = steps.plain_parts(model)
+    why = unsupported(model, plain, variants)
+    if why is not None:
+        return None, {"engine": "naive", "fallback": f"the cached engine cannot run {why}"}
+    r = Resume(model, plain, kept, sources, base.samples)
+    tol = 10 * selfcheck.tolerance(kept.pre[0].dtype)
+    with torch.inference_mode(), steps.fused_gelu(model):
+        off = selfcheck._rel(r.replayed(), kept.pre[-1])
+        if off > tol:
+            return None, _fallback(f"the replay of the base run is {off:.1e} off")
+        firsts = {}
+        for i, v in enumerate(variants):
+            firsts.setdefault(kind(v), i)
+        out: list = [None] * len(variants)
+        work = 0
+        for group in _groups(variants, r.max_rows(variants, batch_size)):
+            logits = r.run([variants[i] for i in group])
+            for i, lg in zip(group, logits, strict=True):
+                out[i] = metric(lg).cpu()
+                if i in firsts.values():
+                    from blockscope.sweeps.interchange import variant_logits
+
+                    want = variant_logits(model, base, variants[i], sources)
+                    off = selfcheck._rel(lg, want)
+                    if off > tol:
+                        return None, _fallback(f"variant {variants[i].label} is {off:.1e} "
+                                               "off the naive loop's")
+                if progress:
+                    progress()
+            work += sum(r.work(variants[i]) for i in group)
+    T, n = kept.pre[0].shape[1], len(plain)
+    return out, {"engine": "cached", "batch_size": r.max_rows(variants, batch_size),
+                 "block_positions": work,
+                 "naive_block_positions": len(variants) * base.samples * n * T}
+
+
+def _fallback(why: str) -> dict:
+    return {"engine": "naive", "fallback": f"the cached engine's self-check failed: {why}; "
+            "every variant was run by the naive loop"}
+
+
+def _groups(variants: Sequence[Variant], size: int) -> list[list[int]]:
+    """Variants of one start position together, in batches of at most `size`."""
+    by: dict[int, list[int]] = {}
+    for i, v in enumerate(variants):
+        by.setdefault(entry(v)[1], []).append(i)
+    return [idx[k : k + size] for _, idx in sorted(by.items()) for k in range(0, len(idx), size)]
+
+
+class Resume:
+    """The base run kept (block inputs, keys and values) and its replay from any block and
+    position, with variants' edits carried out as the stream goes by."""
+
+    def __init__(self, model, plain: list, kept, sources: dict, samples: int):
+        self.model, self.plain, self.kept = model, plain, kept
+        self.sources, self.samples = sources, samples
+        self.args = kept.block_args
+        with torch.inference_mode():  # each block's keys and values, (S, n_kv, T, d_head)
+            self.kv = [p.project(p.attn_norm(x), self.args[j], 0)[1:]
+                       for j, (p, x) in enumerate(zip(plain, kept.pre, strict=False))]
+
+    def max_rows(self, variants: Sequence[Variant], batch_size: int | None) -> int:
+        """Variants per batch: `batch_size`, or as many as keep a batch near the engine's
+        activation budget."""
+        if batch_size:
+            return batch_size
+        cfg, T = self.model.cfg, self.kept.pre[0].shape[1]
+        per_row = 4 * T * (3 * cfg.n_heads * T + 2 * cfg.d_mlp + 6 * cfg.d_model)
+        return max(1, min(256, engine.BUDGET_BYTES // max(1, per_row * self.samples)))
+
+    def work(self, v: Variant) -> int:
+        """Block-positions the variant runs: samples x blocks x positions."""
+        layer, p = entry(v)
+        return self.samples * (len(self.plain) - layer) * (self.kept.pre[0].shape[1] - p)
+
+    def replayed(self) -> torch.Tensor:
+        """The base run replayed from the embeddings: its final residual (S, T, d_model)."""
+        x = self.kept.pre[0].clone()
+        rows = [(s, s) for s in range(self.samples)]
+        for j in range(len(self.plain)):
+            x = self.block(j, x, 0, rows, lambda point, act: act)
+        return x
+
+    def run(self, variants: Sequence[Variant]) -> list[torch.Tensor]:
+        """The last position's logits (S, d_vocab) of each variant (one start position)."""
+        start = entry(variants[0])[1]
+        n = len(self.plain)
+        rows: list[tuple[int, int]] = []  # (variant, sample) of each batch row
+        todo: dict = {}  # (block step, point) -> [(edit, [(row, sample)])]
+        x = None
+        entries = [entry(v)[0] for v in variants]
+        for j in range(min(entries), n + 1):
+            joining = [i for i, e in enumerate(entries) if e == j]
+            for i in joining:
+                mine = [(len(rows) + s, s) for s in range(self.samples)]
+                rows += [(i, s) for s in range(self.samples)]
+                for e in variants[i].edits:
+                    todo.setdefault((stage(e), e.site.point), []).append((e, mine))
+            if joining:
+                new = self.kept.pre[j][:, start:].repeat(len(joining), 1, 1)  # (k S, Tq, d)
+                x = new if x is None else torch.cat([x, new])
+
+            def edit(point, act, j=j):
+                for e, mine in todo.get((j, point), ()):
+                    e.write(act, mine, start, self.sources)
+                return act
+
+            x = edit("hook_resid_post", x)  # the previous block's output
+            if j < n:
+                x = self.block(j, x, start, rows, edit)
+        final = x[:, -1:]  # (B, 1, d_model): the metric reads the last position
+        logits = self.model.unembed(self.model.ln_final(final))[:, 0].float()
+        return [logits[[r for r, (i, _) in enumerate(rows) if i == k]]
+                for k in range(len(variants))]
+
+    def block(self, j: int, x: torch.Tensor, start: int, rows, edit) -> torch.Tensor:
+        """Block j on the stream x (B, Tq, d_model) at positions start.., the base run's
+        keys and values before; `edit(point, act)` writes the variants' edits."""
+        p, ctx = self.plain[j], self.args[j]
+        B, Tq, _ = x.shape
+        T = start + Tq
+        x = edit("hook_resid_pre", x)
+        q, k, v = p.project(p.attn_norm(x), ctx, start)  # (B, heads, Tq, d_head)
+        samples = torch.tensor([s for _, s in rows], device=x.device)
+        kp, vp = (t[samples, :, :start] for t in self.kv[j])  # (B, n_kv, start, d_head)
+        k, v = torch.cat([kp, k], 2), torch.cat([vp, v], 2)  # (B, n_kv, T, d_head)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        bias = torch.zeros(B, q.shape[1], Tq, T, dtype=q.dtype, device=x.device)
+        bias.masked_fill_(~_allowed(ctx, start, T, x.device), float("-inf"))
+        bias = edit("attn.hook_attn_scores", bias)  # a knockout writes -inf here
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=p.scale)
+        z = edit("attn.hook_z", z.transpose(1, 2).contiguous())  # (B, Tq, n_heads, d_head)
+        a = edit("hook_attn_out", p.o(z.reshape(B, Tq, -1)))  # (B, Tq, d_model)
+        if p.parallel:
+            return x + a + edit("hook_mlp_out", p.mlp_write(x))
+        mid = edit("hook_resid_mid", x + a)
+        return mid + edit("hook_mlp_out", p.mlp_write(mid))
+
+
+def _allowed(ctx, start: int, T: int, device) -> torch.Tensor:
+    """Which keys 0..T-1 each query start..T-1 may attend to (Tq, T): the block's recorded
+    mask (causal, or a sliding window), else causal."""
+    mask = (ctx[1] if ctx is not None else {}).get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        return allowed.reshape(-1, *allowed.shape[-2:])[0, start:T, :T].to(device)
+    return (torch.arange(T, device=device)[None, :]
+            <= torch.arange(start, T, device=device)[:, None])
