@@ -11,14 +11,17 @@ from blockscope.cli import (  # noqa: F401  (registers the commands)
     ablate,
     blocks,
     heads,
+    knockout,
     lens,
     memory,
     no_weights,
     norm,
+    patch,
     probes,
     reproduce,
     roles,
     toy,
+    trace,
 )
 from blockscope.cli.common import app
 

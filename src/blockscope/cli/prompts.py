@@ -92,3 +92,31 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
     if check_length is not None:
         check_length(tokens.shape[-1])
     return PromptRun(text, source, spec, lm, tokens)
+
+
+@dataclass
+class TwoPrompts(PromptRun):
+    """A clean prompt and a corrupted one of the same length."""
+
+    other: object = None  # (1, pos) the corrupted prompt's token ids
+
+
+def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, quiet: bool,
+                check_lengths) -> TwoPrompts:
+    """Both prompts tokenized, their lengths held equal by `check_lengths(n, m)` before the
+    model loads where the tokenizer is at hand without it, and after."""
+    from blockscope.cli.common import checked_load
+    from blockscope.inputs.text import tokenize
+    from blockscope.model.loading import spec_for
+
+    if not clean.strip() or not corrupted.strip():
+        raise BlockscopeError("the clean and the corrupted prompt must not be empty")
+    spec = spec_for(load.model, device=load.device, dtype=load.dtype.value, bos_token=bos_token)
+    early = [early_tokens(spec, t, prepend_bos) for t in (clean, corrupted)]
+    if None not in early:
+        check_lengths(early[0].shape[-1], early[1].shape[-1])
+    lm = checked_load(spec, load.allow_pickle, quiet)
+    a, b = (tokenize(lm.tokenizer, t, prepend_bos=prepend_bos) for t in (clean, corrupted))
+    check_lengths(a.shape[-1], b.shape[-1])
+    check_context(a, lm)
+    return TwoPrompts(clean, {"prompt": clean}, spec, lm, a, b)

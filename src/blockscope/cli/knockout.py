@@ -1,0 +1,94 @@
+"""`blockscope knockout`: Geva et al.'s attention knockout into the last position."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
+
+import typer
+
+from blockscope.cli.common import command, out
+from blockscope.cli.lens import PromptBosOpt
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, group
+from blockscope.cli.output import write
+from blockscope.cli.prompts import prompt_run
+from blockscope.cli.text_options import Prompt, Sweep
+from blockscope.cli.trace import FactTargetOpt, SubjectOpt, answer
+
+
+@dataclass
+class Knockout(Options):
+    name: ClassVar[str] = "knockout"
+    prompt: Prompt = group(Prompt)
+    subject: SubjectOpt = ""
+    target: FactTargetOpt = None
+    window: Annotated[int, typer.Option(help="Consecutive blocks knocked out together "
+                                        "(Geva et al.: 9).")] = 9
+    sweep: Sweep = group(Sweep)
+    prepend_bos: PromptBosOpt = True
+    bos_token: BosTokenOpt = None
+    load: Load = group(Load)
+    out: Output = group(Output)
+
+    def check(self) -> None:
+        if not self.subject.strip():
+            from blockscope.errors import BadValue
+
+            raise BadValue("give the `subject`, as it appears in the prompt")
+        at_least(1, window=self.window)
+
+
+@command
+def knockout(o: Knockout) -> None:
+    """Attention knockout (Geva et al. 2023): stop the last position attending to the
+    subject, to the other positions, or to itself, in a window of blocks, and see what
+    P(target) loses.
+
+    Example: blockscope knockout "The capital of France is" --subject France --target " Paris"
+    """
+    from blockscope.cli.common import err
+    from blockscope.experiments import knockout as experiment
+    from blockscope.experiments.trace import subject_span
+    from blockscope.results.render import progress_bar
+
+    started = time.perf_counter()
+    run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
+                     bos_token=o.bos_token)
+    lm = run.model
+    span = subject_span(lm.tokenizer, run.tokens[0].tolist(), o.subject)
+    target = answer(lm, run.tokens, o.target)
+    word = lm.tokenizer.decode([target])
+    with progress_bar(err, 1, "knocking out", not o.out.quiet) as tick:
+        df = experiment.knockout(lm, run.tokens, span, target=target, window=o.window,
+                                 bos=o.prepend_bos, engine=o.sweep.engine.value, progress=tick)
+    if not o.out.quiet:
+        render(df, run.spec.label, word)
+    meta = run.meta("knockout", o.prepend_bos, started, subject=o.subject,
+                    subject_tokens=list(span), target=word, target_id=target,
+                    p_clean=df.attrs["p_clean"], window=df.attrs["window"],
+                    edges={e: list(experiment.keys(e, span, run.tokens.shape[-1],
+                                                   o.prepend_bos))
+                           for e in experiment.EDGES}, engine=df.attrs["how"])
+    stem = f"knockout-{run.spec.slug}"
+    extra = {}
+    if o.out.plot:
+        from blockscope.results.interchange_plots import knockout_plot
+
+        extra[f"{stem}.png"] = knockout_plot(df, f"{run.spec.label}: attention knocked out "
+                                             f"into the last position", word)
+    write(o, stem, {"": df}, meta, extra=extra)
+
+
+def render(df, label: str, word: str) -> None:
+    from blockscope.inputs.text import visible
+    from blockscope.results.render import table
+
+    worst = df.loc[df.groupby("from", sort=False)["relative_change"].idxmin()]
+    shown = worst.assign(blocks=[f"{r.layer_start}-{r.layer_end}" for r in worst.itertuples()])
+    out.print(table(shown, {"from": ("edges from", "s"), "blocks": ("worst window", "s"),
+                            "p_target": (f"P({visible(word)})", ".4f"),
+                            "relative_change": ("change", "+.1%")},
+                    title=f"{label}: knocking out attention into the last position",
+                    caption=f"clean P {df.attrs['p_clean']:.4f}; layers from 0; every window "
+                    "is in the CSV"))

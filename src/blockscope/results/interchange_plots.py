@@ -1,0 +1,80 @@
+"""Pictures of the interchange experiments: patching and causal-tracing heatmaps, and the
+knockout curves. Layers are counted from 0 here, as in the CSVs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from blockscope.results.plots import _drawable, _grid_ticks, _subplots
+
+CMAP = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}
+
+
+def _token_labels(tokens: list[str], span: tuple[int, int] | None = None) -> list[str]:
+    """Each position's token, numbered, the subject's marked with * (as ROME's plots)."""
+    lo, hi = span or (0, 0)
+    return [f"{i} {_drawable(t)}{'*' * (lo <= i < hi)}" for i, t in enumerate(tokens)]
+
+
+def patch_plot(df: pd.DataFrame, metric: str, title: str) -> Figure:
+    """One heatmap per patched site of the normalised metric: positions x layers, or heads x
+    layers for z; 1 (dark) is the clean run, 0 the corrupted one."""
+    sites = list(dict.fromkeys(df["site"]))
+    fig, axes = _subplots(1, len(sites), figsize=(4.2 * len(sites) + 1, 4.6), squeeze=False,
+                          constrained=True)
+    for ax, site in zip(axes[0], sites, strict=True):
+        part = df[df["site"] == site]
+        col = "head" if site == "z" else "position"
+        grid = part.pivot(index=col, columns="layer", values="normalized")
+        span = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
+        im = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+        _grid_ticks(ax, *grid.shape)
+        if site != "z":
+            words = part.drop_duplicates("position").sort_values("position")["token"].tolist()
+            ax.set_yticks(range(len(words)), _token_labels(words))
+        ax.set_xlabel("layer (from 0)")
+        ax.set_ylabel(col)
+        ax.set_title(site)
+        fig.colorbar(im, ax=ax, shrink=0.8, label="restored (0 corrupted, 1 clean)")
+    fig.suptitle(f"{title}\nmetric: {metric}")
+    return fig
+
+
+def trace_plot(df: pd.DataFrame, span: tuple[int, int], title: str, word: str) -> Figure:
+    """ROME's heatmaps, one per kind: P(target) with each (position, layer) restored."""
+    kinds = list(dict.fromkeys(df["kind"]))
+    fig, axes = _subplots(1, len(kinds), figsize=(4.0 * len(kinds) + 1, 4.2), squeeze=False,
+                          constrained=True)
+    low = df.attrs.get("p_corrupted", 0.0)
+    words = df.drop_duplicates("position").sort_values("position")["token"].tolist()
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        grid = df[df["kind"] == kind].pivot(index="position", columns="layer", values="p_target")
+        im = ax.imshow(grid.to_numpy(), cmap=CMAP.get(kind.split("-")[0], "Purples"),
+                       vmin=low, aspect="auto")
+        _grid_ticks(ax, *grid.shape)
+        ax.set_yticks(range(len(words)), _token_labels(words, span))
+        ax.set_xlabel("restored layer (from 0)" if kind.startswith("resid")
+                      else "centre of the restored window (from 0)")
+        ax.set_title({"resid": "state after the block", "mlp": "MLP outputs",
+                      "attn": "attention outputs"}.get(kind, kind.replace("-", " ")))
+        fig.colorbar(im, ax=ax, shrink=0.8, label=f"P({_drawable(word)})")
+    fig.suptitle(title)
+    return fig
+
+
+def knockout_plot(df: pd.DataFrame, title: str, word: str) -> Figure:
+    """P(target)'s relative change against the window's first block, one line per edge set."""
+    fig, ax = _subplots(figsize=(8, 4.5), constrained=True)
+    names = {"subject": "from the subject", "non_subject": "from other positions",
+             "last": "from the last position itself"}
+    for edge, part in df.groupby("from", sort=False):
+        ax.plot(part["layer_start"], 100 * part["relative_change"], marker="o",
+                label=names.get(edge, edge))
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel(f"first block of the window of {df.attrs.get('window', '?')} (from 0)")
+    ax.set_ylabel(f"change in P({_drawable(word)}), %")
+    ax.legend()
+    ax.set_title(title)
+    return fig
