@@ -48,3 +48,80 @@ def hf_stream(hf, ids):
         for h in handles:
             h.remove()
     return hidden, records
+
+
+# --- interchange interventions on plain HF models (patching, causal tracing, knockout) ---
+
+def hf_modules(hf) -> dict:
+    """The HF modules a site names, per family: each layer's block, attention and MLP, the
+    attention's output projection (its input is every head's z side by side), the token
+    embedding."""
+    kind = hf.config.model_type
+    if kind == "gpt2":
+        layers = hf.transformer.h
+        return dict(layers=layers, attn=[b.attn for b in layers], mlp=[b.mlp for b in layers],
+                    o=[b.attn.c_proj for b in layers], embed=hf.transformer.wte)
+    if kind == "gpt_neox":
+        layers = hf.gpt_neox.layers
+        return dict(layers=layers, attn=[b.attention for b in layers],
+                    mlp=[b.mlp for b in layers], o=[b.attention.dense for b in layers],
+                    embed=hf.gpt_neox.embed_in)
+    layers = hf.model.layers
+    return dict(layers=layers, attn=[b.self_attn for b in layers], mlp=[b.mlp for b in layers],
+                o=[b.self_attn.o_proj for b in layers], embed=hf.model.embed_tokens)
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def hf_run(hf, tokens, hooks) -> torch.Tensor:
+    """The last position's logits (B, d_vocab) with `hooks` on: (module, "pre" or "out", fn)
+    where fn(tensor) returns the tensor to use (a block's or projection's input for "pre",
+    a module's output for "out")."""
+    handles = []
+    for module, when, fn in hooks:
+        if when == "pre":
+            def pre(m, args, kwargs, fn=fn):
+                if args:
+                    return (fn(args[0].clone()), *args[1:]), kwargs
+                key = "hidden_states" if "hidden_states" in kwargs else "input"
+                return args, {**kwargs, key: fn(kwargs[key].clone())}
+
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        else:
+            def post(m, args, out, fn=fn):
+                if isinstance(out, tuple):
+                    return (fn(out[0].clone()), *out[1:])
+                return fn(out.clone())
+
+            handles.append(module.register_forward_hook(post))
+    try:
+        with torch.no_grad():
+            return hf(tokens, use_cache=False).logits[:, -1].double()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def hf_capture(hf, tokens, module, when: str = "out", hooks=()) -> torch.Tensor:
+    """What `module` received ("pre") or gave ("out") in a forward of `tokens`."""
+    kept = {}
+
+    def keep(t):
+        kept["t"] = t.clone()
+        return t
+
+    hf_run(hf, tokens, [*hooks, (module, when, keep)])
+    return kept["t"]
+
+
+def hf_knockout_mask_hook(T: int, keys) -> callable:
+    """A pre-hook that hands an attention module a 4-D additive mask: causal, and the last
+    query may not see `keys` (Geva et al.'s knockout, written as their mask)."""
+    def pre(m, args, kwargs):
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        mask[-1, list(keys)] = float("-inf")
+        return args, {**kwargs, "attention_mask": mask[None, None]}
+
+    return pre

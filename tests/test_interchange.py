@@ -1,0 +1,256 @@
+"""Patching, causal tracing and knockout, each cell held to plain HF models with hooks or a
+4-D attention mask written here (tests/references.py), with both engines, on GPT-2, Llama
+(grouped-query) and GPT-NeoX (parallel blocks, partial rotary)."""
+
+import pytest
+import torch
+import transformers
+
+from blockscope.experiments import knockout as knockout_exp
+from blockscope.experiments import patch as patch_exp
+from blockscope.experiments import trace as trace_exp
+from blockscope.interventions.interchange import Edit, Site
+from blockscope.model.loading import load_model, spec_for
+from blockscope.sweeps import resume
+from blockscope.sweeps.interchange import Run, sweep
+from blockscope.sweeps.metrics import LogitDiff
+from blockscope.sweeps.sweep import Variant
+
+from .builders import save_checkpoint
+from .references import hf_capture, hf_knockout_mask_hook, hf_modules, hf_run
+
+FAMILIES = ["gpt2", "llama", "gpt_neox"]
+CLEAN = torch.tensor([[50256, 464, 3139, 286, 4881, 318]])  # BOS The capital of France is
+CORRUPTED = torch.tensor([[50256, 464, 3139, 286, 8031, 318]])  # ... of Italy is
+SPAN = (4, 5)  # the subject's tokens
+TARGET = CONTRAST = None  # set per model: see `pair`
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request, tmp_path_factory):
+    """The bridge and the plain HF model of one checkpoint. A random model knows no capital:
+    the target and contrast are the tokens the corruption moves most, up and down (a gap
+    of a few logits, far above float32 rounding), and the trace's target the clean top-1."""
+    global TARGET, CONTRAST
+    d = save_checkpoint(request.param, tmp_path_factory.mktemp(request.param) / "m")
+    model = load_model(spec_for(str(d), device="cpu"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+    moved = hf_run(hf, CLEAN, []) - hf_run(hf, CORRUPTED, [])
+    TARGET, CONTRAST = int(moved.argmax()), int(moved.argmin())
+    return model, hf
+
+
+def close(got, want, gap):
+    assert abs(got - want) <= 1e-5 * max(abs(gap), 1e-3), (got, want, gap)
+
+
+def at(pos, value, head=None, d_head=None):
+    """fn(tensor) writing `value` at position(s) `pos` (columns of `head` if given)."""
+    def fn(t):
+        if head is None:
+            t[:, pos] = value
+        else:
+            t[:, pos, head * d_head:(head + 1) * d_head] = value
+        return t
+
+    return fn
+
+
+def logit_diff(logits):
+    return float(logits[0, TARGET] - logits[0, CONTRAST])
+
+
+@pytest.mark.parametrize("engine", ["cached", "naive"])
+def test_patch_every_cell_equals_hf_hooks(pair, engine):
+    model, hf = pair
+    mods = hf_modules(hf)
+    df = patch_exp.patch(model, CLEAN, CORRUPTED, target=TARGET, contrast=CONTRAST,
+                         sites=list(patch_exp.SITES), engine=engine)
+    assert df.attrs["how"]["engine"] == engine
+    clean, corrupted = logit_diff(hf_run(hf, CLEAN, [])), logit_diff(hf_run(hf, CORRUPTED, []))
+    gap = clean - corrupted
+    close(df.attrs["clean"], clean, gap)
+    close(df.attrs["corrupted"], corrupted, gap)
+    d_head = model.cfg.d_head
+    for r in df.itertuples():
+        if r.site == "z":
+            module, when = mods["o"][r.layer], "pre"
+            src = hf_capture(hf, CLEAN, module, when)
+            cols = slice(r.head * d_head, (r.head + 1) * d_head)
+            fn = at(slice(None), src[:, :, cols], r.head, d_head)
+        else:
+            module, when = {"resid-pre": (mods["layers"][r.layer], "pre"),
+                            "attn-out": (mods["attn"][r.layer], "out"),
+                            "mlp-out": (mods["mlp"][r.layer], "out")}[r.site]
+            fn = at(r.position, hf_capture(hf, CLEAN, module, when)[:, r.position])
+        want = logit_diff(hf_run(hf, CORRUPTED, [(module, when, fn)]))
+        close(r.logit_diff, want, gap)
+        assert r.normalized == pytest.approx((r.logit_diff - corrupted) / gap, abs=1e-4)
+
+
+def test_trace_every_cell_equals_hf_with_the_noise_redrawn_from_its_seed(pair):
+    model, hf = pair
+    mods = hf_modules(hf)
+    S, seed = 3, 7
+    top = int(hf_run(hf, CLEAN, []).argmax())
+    df = trace_exp.trace(model, CLEAN, SPAN, target=top, samples=S, window=2, seed=seed,
+                         sever="mlp", engine="cached")
+    assert df.attrs["how"]["engine"] == "cached"
+    # the noise, redrawn from the rule the sidecar records, not from blockscope's function
+    std = float(hf.get_input_embeddings().weight.detach().double().std())
+    g = torch.Generator().manual_seed(seed)
+    eps = torch.randn(S, SPAN[1] - SPAN[0], model.cfg.d_model, generator=g) * (3 * std)
+    assert df.attrs["noise_scale"] == pytest.approx(3 * std, rel=1e-9)
+    tokens = CLEAN.expand(S, -1)
+
+    def noised(t):
+        t[:, SPAN[0]:SPAN[1]] += eps
+        return t
+
+    noise = (mods["embed"], "out", noised)
+
+    def p(hooks):
+        return float(torch.softmax(hf_run(hf, tokens, [noise, *hooks]), -1)[:, top].mean())
+
+    low, high = p([]), float(torch.softmax(hf_run(hf, CLEAN, []), -1)[0, top])
+    close(df.attrs["p_corrupted"], low, high - low)
+    close(df.attrs["p_clean"], high, high - low)
+    n = model.cfg.n_layers
+    clean_out = {(k, j): hf_capture(hf, CLEAN, mods[k][j] if k != "layers" else mods[k][j])
+                 for k in ("layers", "mlp", "attn") for j in range(n)}
+    corrupted_mlp = {j: hf_capture(hf, tokens, mods["mlp"][j], hooks=[noise]) for j in range(n)}
+    for r in df.itertuples():
+        t, L = r.position, r.layer
+        if r.kind == "resid":
+            hooks = [(mods["layers"][L], "out", at(t, clean_out["layers", L][:, t]))]
+        elif r.kind in ("mlp", "attn"):
+            hooks = [(mods[r.kind][j], "out", at(t, clean_out[r.kind, j][:, t]))
+                     for j in trace_exp.window_layers(L, n, 2)]
+        else:  # resid with the later MLPs frozen at the corrupted run's outputs
+            hooks = [(mods["layers"][L], "out", at(t, clean_out["layers", L][:, t]))]
+            hooks += [(mods["mlp"][j], "out", at(t, corrupted_mlp[j][:, t]))
+                      for j in range(L + 1, n)]
+        close(r.p_target, p(hooks), high - low)
+        close(r.indirect_effect, r.p_target - low, high - low)
+
+
+def test_knockout_every_window_equals_a_4d_mask_in_hf(pair):
+    model, hf = pair
+    mods = hf_modules(hf)
+    T = CLEAN.shape[-1]
+    top = int(hf_run(hf, CLEAN, []).argmax())
+    df = knockout_exp.knockout(model, CLEAN, SPAN, target=top, window=1, bos=True)
+    assert df.attrs["how"]["engine"] == "cached"
+    clean = float(torch.softmax(hf_run(hf, CLEAN, []), -1)[0, top])
+    close(df.attrs["p_clean"], clean, clean)
+    assert set(df["from"]) == set(knockout_exp.EDGES)
+    for r in df.itertuples():
+        keys = knockout_exp.keys(r[1], SPAN, T, bos=True)  # r[1]: the `from` column
+        assert 0 not in keys
+        handles = [mods["attn"][j].register_forward_pre_hook(hf_knockout_mask_hook(T, keys),
+                                                             with_kwargs=True)
+                   for j in range(r.layer_start, r.layer_end + 1)]
+        try:
+            want = float(torch.softmax(hf_run(hf, CLEAN, []), -1)[0, top])
+        finally:
+            for h in handles:
+                h.remove()
+        close(r.p_target, want, clean)  # 1e-5 of the whole clean probability
+
+
+class Halfway:
+    """A toy intervention written only here: halfway between the base and the source."""
+
+    def apply(self, base, source):
+        return 0.5 * base + 0.5 * source
+
+
+def test_a_new_intervention_class_runs_on_both_engines_unchanged(pair):
+    model, hf = pair
+    mods = hf_modules(hf)
+    vs = [Variant({"layer": L, "position": t},
+                  (Edit(Site("hook_attn_out", L, (t,)), Halfway(), "clean"),))
+          for L in range(model.cfg.n_layers) for t in (2, 4, 5)]
+    metric = LogitDiff(TARGET, CONTRAST)
+    got = {e: sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric, engine=e)
+           for e in ("cached", "naive")}
+    assert got["cached"].how["engine"] == "cached"
+    gap = logit_diff(hf_run(hf, CLEAN, [])) - logit_diff(hf_run(hf, CORRUPTED, []))
+    for v, a, b in zip(vs, got["cached"].values[:, 0], got["naive"].values[:, 0], strict=True):
+        L, t = v.label["layer"], v.label["position"]
+        mine = hf_capture(hf, CORRUPTED, mods["attn"][L])[:, t]
+        theirs = hf_capture(hf, CLEAN, mods["attn"][L])[:, t]
+        want = logit_diff(hf_run(hf, CORRUPTED, [(mods["attn"][L], "out",
+                                                  at(t, 0.5 * mine + 0.5 * theirs))]))
+        close(a, want, gap)
+        close(b, want, gap)
+
+
+def test_a_resume_from_the_wrong_position_falls_back_loudly(pair, monkeypatch):
+    model, _ = pair
+    right = resume.entry
+    monkeypatch.setattr(resume, "entry", lambda v: (right(v)[0], right(v)[1] + 1))
+    vs = patch_exp.variants(model.cfg.n_layers, model.cfg.n_heads, 6, ["attn-out"])
+    vs = [v for v in vs if v.label["position"] < 5]
+    metric = LogitDiff(TARGET, CONTRAST)
+    slipped = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric)
+    assert slipped.how["engine"] == "naive" and "self-check failed" in slipped.how["fallback"]
+    monkeypatch.setattr(resume, "entry", right)
+    naive = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric, engine="naive")
+    assert (slipped.values == naive.values).all()
+
+
+def test_the_cached_engine_runs_less_than_the_naive_loop(pair):
+    model, _ = pair
+    df = trace_exp.trace(model, CLEAN, SPAN, target=TARGET, samples=2, kinds=["resid"])
+    how = df.attrs["how"]
+    n, T = model.cfg.n_layers, CLEAN.shape[-1]
+    # restoring (layer l, position t) runs blocks l+1.. at positions t..
+    assert how["block_positions"] == 2 * sum((n - l - 1) * (T - t)
+                                             for l in range(n) for t in range(T))
+    assert how["naive_block_positions"] == 2 * n * T * n * T
+
+
+def test_the_commands_write_their_columns_and_refuse_unequal_prompts(tiny_dir, tmp_path):
+    import json
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from blockscope.cli import app
+
+    from .conftest import result
+
+    def run(*args):
+        return CliRunner().invoke(app, [str(a) for a in (*args, "--model", tiny_dir,
+                                                         "--out-dir", tmp_path)])
+
+    res = run("patch", "--clean", "The capital of France is", "--corrupted",
+              "The capital of Italy is", "--target", " Paris", "--contrast", " Rome",
+              "--site", "resid-pre", "--site", "z")
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(result(tmp_path, "patch-tiny-gpt2.csv"))
+    assert list(df.columns) == ["site", "layer", "head", "position", "token", "logit_diff",
+                                "normalized"]
+    assert set(df["site"]) == {"resid-pre", "z"}
+    res = run("trace", "The capital of France is", "--subject", "France", "--samples", 2)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(result(tmp_path, "trace-tiny-gpt2.csv"))
+    assert list(df.columns) == ["kind", "layer", "position", "token", "p_target",
+                                "indirect_effect"]
+    meta = json.loads(result(tmp_path, "trace-tiny-gpt2.json").read_text())
+    assert meta["seed"] == 0 and meta["noise_scale"] > 0 and "randn" in meta["noise_rule"]
+    res = run("knockout", "The capital of France is", "--subject", "France", "--window", 2)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(result(tmp_path, "knockout-tiny-gpt2.csv"))
+    assert list(df.columns) == ["from", "layer_start", "layer_end", "p_target",
+                                "relative_change"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = run("patch", "--clean", "The capital of France is", "--corrupted",
+              "The capital of the United Kingdom is", "--target", " Paris")
+    assert res.exit_code != 0
+    assert "same number of tokens" in res.output and "Traceback" not in res.output
+    assert "loading" not in res.output  # refused from the tokenizer, before the load
+    res = run("trace", "The capital of France is", "--subject", "Spain")
+    assert res.exit_code != 0 and "not in the prompt" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
