@@ -205,9 +205,9 @@ def test_the_cached_engine_runs_less_than_the_naive_loop(pair):
     df = trace_exp.trace(model, CLEAN, SPAN, target=TARGET, samples=2, kinds=["resid"])
     how = df.attrs["how"]
     n, T = model.cfg.n_layers, CLEAN.shape[-1]
-    # restoring (layer l, position t) runs blocks l+1.. at positions t..
-    assert how["block_positions"] == 2 * sum((n - l - 1) * (T - t)
-                                             for l in range(n) for t in range(T))
+    # restoring (layer j, position t) runs blocks j+1.. at positions t..
+    assert how["block_positions"] == 2 * sum((n - j - 1) * (T - t)
+                                             for j in range(n) for t in range(T))
     assert how["naive_block_positions"] == 2 * n * T * n * T
 
 
