@@ -254,3 +254,28 @@ def test_the_commands_write_their_columns_and_refuse_unequal_prompts(tiny_dir, t
     res = run("trace", "The capital of France is", "--subject", "Spain")
     assert res.exit_code != 0 and "not in the prompt" in res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_fact_averages_and_intervals_equal_a_direct_resampling():
+    import numpy as np
+    import pandas as pd
+
+    from blockscope.experiments.facts import averaged, category, read_facts
+
+    facts = read_facts("builtin")
+    assert len(facts) >= 150 and all(f.subject in f.prompt for f in facts)
+    assert [category(t, (2, 4), 7) for t in range(7)] == [
+        "before subject", "before subject", "first subject", "last subject", "first after",
+        "further", "last"]
+    rng = np.random.default_rng(1)
+    per_fact = pd.DataFrame([{"fact": f, "layer": j, "category": c, "v": rng.normal()}
+                             for f in range(6) for j in range(2) for c in ("a", "a", "b")])
+    avg = averaged(per_fact, ["layer", "category"], "v", n_boot=200, seed=3)
+    idx = np.random.default_rng(3).integers(0, 6, size=(200, 6))
+    for r in avg.itertuples():
+        cell = per_fact[(per_fact.layer == r.layer) & (per_fact.category == r.category)]
+        each = cell.groupby("fact")["v"].mean().to_numpy()  # (6,) one value per fact
+        assert r.v == pytest.approx(each.mean())
+        lo, hi = np.percentile(each[idx].mean(1), [2.5, 97.5])
+        assert (r.ci_low, r.ci_high) == pytest.approx((lo, hi))
+        assert r.n_facts == 6

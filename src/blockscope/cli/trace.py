@@ -17,6 +17,12 @@ from blockscope.cli.text_options import Prompt, Sweep
 
 SubjectOpt = Annotated[str, typer.Option(help="The subject as it appears in the prompt "
                                          "('France').", show_default=False)]
+FactsOpt = Annotated[str | None, typer.Option(
+    help="Run every fact of a JSONL file (prompt, subject, target; 'builtin': blockscope's "
+    "153) and average over them, with bootstrap intervals over facts.", show_default=False)]
+AllFactsOpt = Annotated[bool, typer.Option(
+    "--all-facts", help="Keep every fact, not only those the model knows (its top-1 is the "
+    "target), e.g. to time a random-weight model.")]
 FactTargetOpt = Annotated[str | None, typer.Option(
     help="The answer, one token with its space (' Paris'). Default: the model's own top-1.",
     show_default=False)]
@@ -40,6 +46,8 @@ class Trace(Options):
         help="Also trace the state with this part's later outputs frozen at their corrupted "
         "values: mlp or attn.", show_default=False)] = None
     seed: Annotated[int, typer.Option(help="The noise's seed (drawn on the CPU).")] = 0
+    facts: FactsOpt = None
+    all_facts: AllFactsOpt = False
     sweep: Sweep = group(Sweep)
     prepend_bos: PromptBosOpt = True
     bos_token: BosTokenOpt = None
@@ -53,12 +61,57 @@ class Trace(Options):
     def check(self) -> None:
         from blockscope.experiments.trace import check
 
-        if not self.subject.strip():
+        check_facts(self)
+        if self.facts is None and not self.subject.strip():
             from blockscope.errors import BadValue
 
             raise BadValue("give the `subject`, as it appears in the prompt")
         at_least(1, samples=self.samples, window=self.window)
         check(self.kinds, self.samples, self.window, self.sever)
+
+
+def check_facts(o) -> None:
+    """A prompt or --facts, not both; --all-facts only with --facts."""
+    from blockscope.errors import BadValue
+
+    given = o.prompt.prompt is not None or o.prompt.text is not None
+    if o.facts is not None and (given or o.subject or o.target):
+        raise BadValue("give a prompt (with `subject`) or `facts`, not both")
+    if o.all_facts and o.facts is None:
+        raise BadValue("`all_facts` goes with `facts`")
+
+
+def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
+    """Every fact of --facts (those the model knows, unless --all-facts) through `run(model,
+    tokens, span, target, progress)`: the per-fact rows, their averages, and the sidecar's
+    record. The facts are read before the model loads."""
+    from blockscope.cli.common import checked_load, err
+    from blockscope.errors import BlockscopeError
+    from blockscope.experiments import facts as fx
+    from blockscope.model.loading import spec_for
+    from blockscope.results.render import progress_bar
+
+    facts = fx.read_facts(o.facts)
+    spec = spec_for(o.load.model, device=o.load.device, dtype=o.load.dtype.value,
+                    bos_token=o.bos_token)
+    lm = checked_load(spec, o.load.allow_pickle, o.out.quiet)
+    items = fx.prepared(lm, facts, o.prepend_bos)
+    kept = items if o.all_facts else [i for i in items if i["known"]]
+    if not kept:
+        raise BlockscopeError(f"{spec.label} knows none of the {len(facts)} facts (its top-1 "
+                              "is the target for none); --all-facts keeps every fact")
+    if not o.out.quiet:
+        err.print(f"{len(kept)} of {len(facts)} facts {'kept' if o.all_facts else 'known'} "
+                  f"({spec.label}'s top-1 is the target's first token for "
+                  f"{sum(i['known'] for i in items)})", highlight=False, soft_wrap=True)
+    with progress_bar(err, len(kept), f"{name} over facts", not o.out.quiet) as tick:
+        per_fact, avg = fx.over(kept, lambda t, s, g: run(lm, t, s, g), keys, value, tick)
+    record = {"facts": o.facts, "n_facts": len(facts), "n_known": sum(i["known"] for i in items),
+              "n_used": len(kept), "all_facts": o.all_facts, "categories": list(fx.CATEGORIES),
+              "interval": "95% percentile bootstrap over facts, 1000 resamples, seed 0",
+              "used": [{"prompt": i["fact"].prompt, "subject": i["fact"].subject,
+                        "target": i["fact"].target} for i in kept]}
+    return spec, lm, per_fact, avg, record
 
 
 def answer(lm, tokens, target: str | None) -> int:
@@ -85,6 +138,8 @@ def trace(o: Trace) -> None:
     from blockscope.results.render import progress_bar
 
     started = time.perf_counter()
+    if o.facts is not None:
+        return trace_facts(o, started)
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
                      bos_token=o.bos_token)
     lm = run.model
@@ -112,6 +167,61 @@ def trace(o: Trace) -> None:
         extra[f"{stem}.png"] = trace_plot(df, span, f"{run.spec.label}: restoring states "
                                           f"after noising {o.subject!r}", word)
     write(o, stem, {"": df}, meta, extra=extra)
+
+
+def trace_facts(o: Trace, started: float) -> None:
+    from blockscope.experiments import trace as experiment
+
+    def one(lm, tokens, span, target):
+        return experiment.trace(lm, tokens, span, target=target, kinds=o.kinds,
+                                samples=o.samples, window=o.window, noise=o.noise, seed=o.seed,
+                                sever=o.sever, engine=o.sweep.engine.value)
+
+    spec, lm, per_fact, avg, record = many_facts(o, "tracing", one,
+                                                 ["kind", "layer", "category"],
+                                                 "indirect_effect", started)
+    if not o.out.quiet:
+        render_facts(avg, spec.label, record["n_used"])
+    from blockscope.cli.common import model_record
+    from blockscope.results.files import sidecar
+
+    meta = sidecar(command="trace", model=model_record(spec, lm), **record, kinds=o.kinds,
+                   samples=o.samples, window=o.window, noise_factor=o.noise, seed=o.seed,
+                   noise_rule=experiment.NOISE_RULE + "; each fact's noise drawn from `seed`",
+                   sever=o.sever, prepend_bos=o.prepend_bos, dtype=spec.dtype,
+                   device=spec.device, wall_time_s=round(time.perf_counter() - started, 3))
+    stem = f"trace-{spec.slug}-facts"
+    extra = {}
+    if o.out.plot:
+        from blockscope.results.interchange_plots import facts_trace_plot
+
+        extra[f"{stem}.png"] = facts_trace_plot(avg, f"{spec.label}: average indirect effect "
+                                                f"over {record['n_used']} facts")
+    write(o, stem, {"": avg, "-per-fact": per_fact}, meta, extra=extra)
+
+
+def render_facts(avg, label: str, n: int) -> None:
+    from blockscope.results.render import table
+
+    rows = []
+    for kind, part in avg.groupby("kind", sort=False):
+        for cat in ("last subject", "first subject", "middle subject", "last"):
+            sub = part[part["category"] == cat]
+            if len(sub):
+                best = sub.loc[sub["indirect_effect"].idxmax()]
+                rows.append({"kind": kind, "category": cat, "layer": int(best["layer"]),
+                             "ie": best["indirect_effect"], "lo": best["ci_low"],
+                             "hi": best["ci_high"]})
+    import pandas as pd
+
+    shown = pd.DataFrame(rows)
+    shown["ci"] = [f"{a:+.3f}..{b:+.3f}" for a, b in zip(shown["lo"], shown["hi"], strict=True)]
+    out.print(table(shown, {"kind": ("restored", "s"), "category": ("at", "s"),
+                            "layer": ("peak layer", "d"), "ie": ("mean effect", "+.3f"),
+                            "ci": ("95% interval", "s")},
+                    title=f"{label}: average indirect effect over {n} facts",
+                    caption="layers from 0; every (kind, layer, position category) is in "
+                    "the CSV, each fact's cells in -per-fact"))
 
 
 def render(df, label: str, word: str) -> None:

@@ -78,3 +78,25 @@ def knockout_plot(df: pd.DataFrame, title: str, word: str) -> Figure:
     ax.legend()
     ax.set_title(title)
     return fig
+
+
+def facts_trace_plot(avg: pd.DataFrame, title: str) -> Figure:
+    """ROME's averaged heatmaps: mean indirect effect per position category and layer."""
+    from blockscope.experiments.facts import CATEGORIES
+
+    kinds = list(dict.fromkeys(avg["kind"]))
+    fig, axes = _subplots(1, len(kinds), figsize=(4.0 * len(kinds) + 1.5, 4.2), squeeze=False,
+                          constrained=True)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        grid = avg[avg["kind"] == kind].pivot(index="category", columns="layer",
+                                              values="indirect_effect")
+        grid = grid.reindex([c for c in CATEGORIES if c in grid.index])
+        im = ax.imshow(grid.to_numpy(), cmap=CMAP.get(kind.split("-")[0], "Purples"),
+                       aspect="auto")
+        _grid_ticks(ax, *grid.shape)
+        ax.set_yticks(range(len(grid.index)), list(grid.index))
+        ax.set_xlabel("layer (from 0)")
+        ax.set_title(kind)
+        fig.colorbar(im, ax=ax, shrink=0.8, label="mean indirect effect")
+    fig.suptitle(title)
+    return fig

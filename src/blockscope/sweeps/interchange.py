@@ -182,8 +182,10 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     how: dict = {"engine": engine}
     values = None
     if engine == "cached":
-        values, how = resume.cached(model, base, kept, variants, acts, metric,
-                                    batch_size=batch_size, progress=progress)
+        values, how = resume.cached(
+            model, base, kept, variants, acts, metric,
+            lambda v: variant_logits(model, base, v, acts), batch_size=batch_size,
+            progress=progress)
     if values is None:
         values = naive(model, base, variants, acts, metric, progress)
     return Result(np.stack([v.numpy() for v in values]) if values else

@@ -56,10 +56,12 @@ def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
     return None
 
 
-def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric, *,
-           batch_size: int | None = None, progress: Callable | None = None):
+def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric,
+           naive_logits: Callable, *, batch_size: int | None = None,
+           progress: Callable | None = None):
     """Each variant's metric (S,) by the position-limited resume, and how it ran; (None,
-    how) where the engine cannot run them or its self-check fails (naive then)."""
+    how) where the engine cannot run them or its self-check fails (naive then).
+    `naive_logits(variant)`: the naive loop's logits, that the first of each kind is held to."""
     plain = steps.plain_parts(model)
     why = unsupported(model, plain, variants)
     if why is not None:
@@ -80,10 +82,7 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
             for i, lg in zip(group, logits, strict=True):
                 out[i] = metric(lg).cpu()
                 if i in firsts.values():
-                    from blockscope.sweeps.interchange import variant_logits
-
-                    want = variant_logits(model, base, variants[i], sources)
-                    off = selfcheck._rel(lg, want)
+                    off = selfcheck._rel(lg, naive_logits(variants[i]))
                     if off > tol:
                         return None, _fallback(f"variant {variants[i].label} is {off:.1e} "
                                                "off the naive loop's")

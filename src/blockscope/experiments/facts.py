@@ -1,0 +1,116 @@
+"""Many facts: a JSONL of `prompt, subject, target` (the built-in `data/facts.jsonl`, 153
+facts written for blockscope: capitals, official languages, landmarks' cities, companies'
+countries), the facts the model knows (ROME's "known" filter: the target's first token is
+its top-1), and averages over facts with bootstrap intervals.
+
+Positions differ from fact to fact, so averages are taken per position category, as ROME's
+averaged plots do: the tokens before the subject, its first, middle and last tokens, the
+first token after it, further tokens, and the last token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+import torch
+
+from blockscope.errors import BadValue
+
+BUILTIN = "builtin"
+CATEGORIES = ("before subject", "first subject", "middle subject", "last subject",
+              "first after", "further", "last")
+
+
+@dataclass(frozen=True)
+class Fact:
+    prompt: str
+    subject: str
+    target: str  # its first token is the answer followed
+
+
+def read_facts(path: str) -> list[Fact]:
+    """The facts of a JSONL file (`builtin`: the package's), read by `datasets`."""
+    from datasets import load_dataset
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # its "Generating train split" bar is not blockscope's output
+
+    where = str(resources.files("blockscope") / "data" / "facts.jsonl") if path == BUILTIN \
+        else path
+    try:
+        rows = load_dataset("json", data_files=where, split="train")
+    except Exception as exc:  # datasets' own error types vary with the fault
+        raise BadValue(f"`facts` {path}: cannot read it as JSONL ({type(exc).__name__})")
+    missing = {"prompt", "subject", "target"} - set(rows.column_names)
+    if missing:
+        raise BadValue(f"`facts` {path}: no column {', '.join(sorted(missing))}")
+    return [Fact(r["prompt"], r["subject"], r["target"]) for r in rows]
+
+
+def category(t: int, span: tuple[int, int], n: int) -> str:
+    lo, hi = span
+    if t == n - 1:
+        return "last"
+    if t < lo:
+        return "before subject"
+    if t == hi - 1:
+        return "last subject"
+    if t == lo:
+        return "first subject"
+    if t < hi:
+        return "middle subject"
+    return "first after" if t == hi else "further"
+
+
+def prepared(model, facts: list[Fact], prepend_bos: bool) -> list[dict]:
+    """Each fact's tokens, subject span, target id, and whether the model knows it."""
+    from blockscope.experiments.trace import subject_span
+    from blockscope.inputs.text import tokenize
+
+    out = []
+    for f in facts:
+        tokens = tokenize(model.tokenizer, f.prompt, prepend_bos=prepend_bos)
+        target = model.tokenizer.encode(f.target, add_special_tokens=False)[0]
+        with torch.inference_mode():
+            top = int(model(tokens.to(model.cfg.device), return_type="logits")[0, -1].argmax())
+        out.append({"fact": f, "tokens": tokens, "target": target, "known": top == target,
+                    "span": subject_span(model.tokenizer, tokens[0].tolist(), f.subject)})
+    return out
+
+
+def averaged(per_fact: pd.DataFrame, keys: list[str], value: str, n_boot: int = 1000,
+             seed: int = 0) -> pd.DataFrame:
+    """Mean of `value` per `keys` over facts (each fact's cell first averaged over its
+    positions), with a 95% percentile bootstrap interval over facts and the count."""
+    cells = per_fact.groupby(["fact", *keys], sort=False)[value].mean().reset_index()
+    grid = cells.pivot_table(index="fact", columns=keys, values=value, sort=False)
+    data = grid.to_numpy()  # (n_facts, cells), NaN where a fact lacks the category
+    idx = np.random.default_rng(seed).integers(0, len(data), size=(n_boot, len(data)))
+    boot = np.nanmean(data[idx], axis=1) if n_boot else np.full((1, data.shape[1]), np.nan)
+    out = grid.columns.to_frame(index=False)
+    out[value] = np.nanmean(data, axis=0)
+    out["ci_low"], out["ci_high"] = np.nanpercentile(boot, [2.5, 97.5], axis=0)
+    out["n_facts"] = (~np.isnan(data)).sum(0)
+    return out
+
+
+def over(items: list[dict], run, keys: list[str], value: str, progress=None
+         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`run(tokens, span, target) -> DataFrame` on every fact: (every fact's rows with
+    `fact` and, where rows have a position, its `category`; their average over facts by
+    `keys`)."""
+    frames = []
+    for k, it in enumerate(items):
+        df = run(it["tokens"], it["span"], it["target"])
+        df.insert(0, "fact", k)
+        if "position" in df:
+            n = it["tokens"].shape[-1]
+            df["category"] = [category(t, it["span"], n) for t in df["position"]]
+        frames.append(df)
+        if progress:
+            progress()
+    per_fact = pd.concat(frames, ignore_index=True)
+    return per_fact, averaged(per_fact, keys, value)
