@@ -279,3 +279,12 @@ def test_fact_averages_and_intervals_equal_a_direct_resampling():
         lo, hi = np.percentile(each[idx].mean(1), [2.5, 97.5])
         assert (r.ci_low, r.ci_high) == pytest.approx((lo, hi))
         assert r.n_facts == 6
+
+
+def test_knockout_is_refused_where_the_scores_hook_does_not_reach_the_softmax(tmp_path):
+    from blockscope.errors import BlockscopeError
+
+    d = save_checkpoint("gptj", tmp_path / "gptj")
+    model = load_model(spec_for(str(d), device="cpu"))
+    with pytest.raises(BlockscopeError, match="cannot run on GPT-J"):
+        knockout_exp.knockout(model, CLEAN, SPAN, target=5, window=1, bos=True)

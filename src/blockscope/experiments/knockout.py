@@ -15,9 +15,10 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from blockscope.errors import BadValue
+from blockscope.errors import BadValue, BlockscopeError
+from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit, Knockout, Site
-from blockscope.sweeps.interchange import Run, sweep
+from blockscope.sweeps.interchange import Run, edit_hooks, sweep
 from blockscope.sweeps.metrics import TargetProb
 from blockscope.sweeps.sweep import Variant
 
@@ -60,6 +61,7 @@ def knockout(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
     if window < 1:
         raise BadValue("`window` must be at least 1")
     vs = variants(model.cfg.n_layers, tokens.shape[-1], span, window, bos)
+    check_reaches_softmax(model, tokens, vs[0])
     res = sweep(model, Run(tokens), {}, vs, TargetProb(target), engine=engine,
                 progress=progress)
     clean = float(res.base[0])
@@ -68,3 +70,26 @@ def knockout(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
                        for v, p in zip(vs, res.values, strict=True)])
     df.attrs.update(p_clean=clean, window=min(window, model.cfg.n_layers), how=res.how)
     return df
+
+
+def check_reaches_softmax(model, tokens: torch.Tensor, v: Variant) -> None:
+    """Refuse a model whose attention-score hook point does not feed its softmax (GPT-Neo,
+    GPT-J and OPT through TransformerLens 4.3: writing `hook_attn_scores` changes nothing):
+    one forward with `v`'s knockout, its attention pattern read where it knocks out."""
+    e = v.edits[0]
+    seen = {}
+
+    def keep(pattern, hook=None):  # (batch, n_heads, query, key)
+        seen["p"] = pattern.detach()
+
+    hooks = edit_hooks(v.edits, 1, {}) + [(f"blocks.{e.site.layer}.attn.hook_pattern", keep)]
+    with torch.inference_mode(), applied(model, hooks):
+        model(tokens.to(model.cfg.device), return_type="logits")
+    left = float(seen["p"][0][e.site.index()].abs().max()) if "p" in seen else float("nan")
+    if not left == 0.0:
+        from blockscope.model.arch import layout
+
+        raise BlockscopeError(
+            f"knockout cannot run on {layout(model).family}: writing its attention scores "
+            f"does not reach the softmax (attention {left:.2g} remains on the knocked-out "
+            "keys), so the numbers would be the clean run's")
