@@ -288,3 +288,41 @@ def test_knockout_is_refused_where_the_scores_hook_does_not_reach_the_softmax(tm
     model = load_model(spec_for(str(d), device="cpu"))
     with pytest.raises(BlockscopeError, match="cannot run on GPT-J"):
         knockout_exp.knockout(model, CLEAN, SPAN, target=5, window=1, bos=True)
+
+
+def test_facts_run_the_known_ones_or_all_and_average_them(tiny_dir, tmp_path):
+    import json
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from blockscope.cli import app
+
+    from .conftest import result
+
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text("".join(json.dumps(f) + "\n" for f in [
+        {"prompt": "The capital of France is", "subject": "France", "target": " Paris"},
+        {"prompt": "The Eiffel Tower is in the city of", "subject": "Eiffel Tower",
+         "target": " Paris"}]))
+    out = tmp_path / "out"
+
+    def run(*args):
+        return CliRunner().invoke(app, [str(a) for a in (*args, "--model", tiny_dir,
+                                                         "--out-dir", out)])
+
+    res = run("knockout", "--facts", facts)  # a random model knows no fact
+    assert res.exit_code != 0 and "knows none of the 2 facts" in res.output
+    res = run("knockout", "--all-facts")
+    assert res.exit_code != 0 and "--all-facts goes with --facts" in res.output
+    res = run("knockout", "--facts", facts, "--all-facts", "--window", 2)
+    assert res.exit_code == 0, res.output
+    avg = pd.read_csv(result(out, "knockout-tiny-gpt2-facts.csv"))
+    per = pd.read_csv(result(out, "knockout-tiny-gpt2-facts-per-fact.csv"))
+    assert set(per["fact"]) == {0, 1} and (avg["n_facts"] == 2).all()
+    mean = per.groupby(["from", "layer_start"])["relative_change"].mean()
+    for r in avg.itertuples():
+        assert r.relative_change == pytest.approx(mean[r[1], r.layer_start])
+        assert r.ci_low <= r.relative_change <= r.ci_high
+    meta = json.loads(result(out, "knockout-tiny-gpt2-facts.json").read_text())
+    assert meta["n_facts"] == 2 and meta["n_used"] == 2 and meta["n_known"] == 0

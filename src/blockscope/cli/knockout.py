@@ -14,7 +14,15 @@ from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least,
 from blockscope.cli.output import write
 from blockscope.cli.prompts import prompt_run
 from blockscope.cli.text_options import Prompt, Sweep
-from blockscope.cli.trace import FactTargetOpt, SubjectOpt, answer
+from blockscope.cli.trace import (
+    AllFactsOpt,
+    FactsOpt,
+    FactTargetOpt,
+    SubjectOpt,
+    answer,
+    check_facts,
+    many_facts,
+)
 
 
 @dataclass
@@ -25,6 +33,8 @@ class Knockout(Options):
     target: FactTargetOpt = None
     window: Annotated[int, typer.Option(help="Consecutive blocks knocked out together "
                                         "(Geva et al.: 9).")] = 9
+    facts: FactsOpt = None
+    all_facts: AllFactsOpt = False
     sweep: Sweep = group(Sweep)
     prepend_bos: PromptBosOpt = True
     bos_token: BosTokenOpt = None
@@ -32,7 +42,8 @@ class Knockout(Options):
     out: Output = group(Output)
 
     def check(self) -> None:
-        if not self.subject.strip():
+        check_facts(self)
+        if self.facts is None and not self.subject.strip():
             from blockscope.errors import BadValue
 
             raise BadValue("give the `subject`, as it appears in the prompt")
@@ -53,6 +64,8 @@ def knockout(o: Knockout) -> None:
     from blockscope.results.render import progress_bar
 
     started = time.perf_counter()
+    if o.facts is not None:
+        return knockout_facts(o, started)
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
                      bos_token=o.bos_token)
     lm = run.model
@@ -78,6 +91,51 @@ def knockout(o: Knockout) -> None:
         extra[f"{stem}.png"] = knockout_plot(df, f"{run.spec.label}: attention knocked out "
                                              f"into the last position", word)
     write(o, stem, {"": df}, meta, extra=extra)
+
+
+def knockout_facts(o: Knockout, started: float) -> None:
+    from blockscope.cli.common import model_record
+    from blockscope.experiments import knockout as experiment
+    from blockscope.results.files import sidecar
+
+    def one(lm, tokens, span, target):
+        return experiment.knockout(lm, tokens, span, target=target, window=o.window,
+                                   bos=o.prepend_bos, engine=o.sweep.engine.value)
+
+    spec, lm, per_fact, avg, record = many_facts(o, "knocking out", one,
+                                                 ["from", "layer_start", "layer_end"],
+                                                 "relative_change", started)
+    avg.attrs["window"] = min(o.window, lm.cfg.n_layers)
+    if not o.out.quiet:
+        render_facts(avg, spec.label, record["n_used"])
+    meta = sidecar(command="knockout", model=model_record(spec, lm), **record, window=o.window,
+                   prepend_bos=o.prepend_bos, dtype=spec.dtype, device=spec.device,
+                   wall_time_s=round(time.perf_counter() - started, 3))
+    stem = f"knockout-{spec.slug}-facts"
+    extra = {}
+    if o.out.plot:
+        from blockscope.results.interchange_plots import knockout_plot
+
+        extra[f"{stem}.png"] = knockout_plot(avg, f"{spec.label}: attention knocked out into "
+                                             f"the last position, mean over {record['n_used']} "
+                                             "facts", "target")
+    write(o, stem, {"": avg, "-per-fact": per_fact}, meta, extra=extra)
+
+
+def render_facts(avg, label: str, n: int) -> None:
+    from blockscope.results.render import table
+
+    worst = avg.loc[avg.groupby("from", sort=False)["relative_change"].idxmin()]
+    shown = worst.assign(blocks=[f"{r.layer_start}-{r.layer_end}" for r in worst.itertuples()],
+                         ci=[f"{a:+.1%}..{b:+.1%}" for a, b in zip(worst["ci_low"],
+                                                                  worst["ci_high"],
+                                                                  strict=True)])
+    out.print(table(shown, {"from": ("edges from", "s"), "blocks": ("worst window", "s"),
+                            "relative_change": ("mean change", "+.1%"),
+                            "ci": ("95% interval", "s")},
+                    title=f"{label}: knockout into the last position, {n} facts",
+                    caption="layers from 0; every window is in the CSV, each fact's in "
+                    "-per-fact"))
 
 
 def render(df, label: str, word: str) -> None:
