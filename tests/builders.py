@@ -118,6 +118,7 @@ claims = ["post-norm needs a warm-up"]
 section = "The MLP"
 prompt = "The capital of France is"
 target = " Paris"
+subject = "France"
 text = "{ALICE}"
 key_tokens = 60
 n_layers = 2

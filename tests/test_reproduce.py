@@ -80,8 +80,10 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert any(line.startswith("| induction | 2.1 | 0.") for line in report.splitlines())
     mlp = report.split("## The MLP")[1].split("\n## ")[0]
     assert "> values push the stream toward Paris" in mlp
-    assert sum(line.startswith("| ") for line in mlp.splitlines()) == 2 + 4  # head, rule, 4
+    assert sum(line.startswith("| ") for line in mlp.splitlines()) == 2 + 6  # head, rule, 6
     assert "' Paris' enters the top 10 at" in mlp
+    causal = [line for line in mlp.splitlines() if line.startswith("| Causally")]
+    assert len(causal) == 2 and all(line.endswith("| NOT shown |") for line in causal)
     assert "## Pre-norm and post-norm" in report and "> post-norm needs a warm-up" in report
     assert "| post-norm needs a learning-rate warm-up at large learning rates |" in report
     pngs = sorted(out.glob("*.png"))
@@ -91,7 +93,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     meta = json.loads((result(out, "reproduce-tiny-gpt2.json")).read_text())
     assert meta["model_loaded"] is True and meta["prune_headline"]
     assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 2
-    assert len(meta["mlp"]) == 4
+    assert len(meta["mlp"]) == 6
 
 
 def test_reproduce_offline_without_the_model(tmp_path):
@@ -182,3 +184,26 @@ def test_the_mlp_claims_read_their_measurements():
     found = m._keys(keys, 6, "alice.txt")
     assert "75% of the time in the lowest third" in found["measured"] and found["shown"]
     assert "50% in the upper third" in found["measured"]
+
+
+def test_the_causal_mlp_claims_read_the_trace():
+    """ROME's two findings are shown only where the trace bears them out: synthetic traces
+    whose peaks are known (subject tokens 1-2 of 5, 4 blocks)."""
+    from blockscope.experiments.reproduce_mlp import causal_claims
+
+    def traced(mlp_at, attn_at, p_clean=0.8, p_corrupted=0.1, effect=0.5):
+        rows = [{"kind": k, "layer": j, "position": t, "token": "x", "indirect_effect":
+                 effect if (j, t) == at else 0.01}
+                for k, at in (("mlp", mlp_at), ("attn", attn_at))
+                for j in range(4) for t in range(5)]
+        df = pd.DataFrame(rows)
+        df.attrs.update(p_clean=p_clean, p_corrupted=p_corrupted)
+        return df
+
+    shown = lambda df: [c["shown"] for c in causal_claims(df, (1, 3), 4, 5)]  # noqa: E731
+    assert shown(traced((1, 2), (3, 4))) == [True, True]
+    assert shown(traced((1, 1), (3, 4))) == [False, True]  # the subject's first token
+    assert shown(traced((2, 2), (3, 4))) == [False, True]  # block 2 of 4: not the first half
+    assert shown(traced((1, 2), (0, 4))) == [True, False]  # attention before the MLP peak
+    assert shown(traced((1, 2), (3, 4), effect=0.3)) == [False, False]  # under half of 0.7
+    assert shown(traced((1, 2), (3, 4), p_clean=0.15)) == [False, False]  # noise took 0.05
