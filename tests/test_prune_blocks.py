@@ -186,3 +186,17 @@ def test_a_slip_in_the_several_blocks_entry_falls_back(tiny, monkeypatch, order,
     curve = block_curve(tiny, ids, orders=(order,))[0][0]
     assert f"its {kind} entry" in curve.attrs["engine"]["fallback"]
     assert curve["nll"].tolist() == pytest.approx(naive["nll"].tolist(), rel=1e-5)
+
+
+def test_shared_skips_are_found_by_value_not_by_object():
+    import torch
+
+    from blockscope.interventions import SkipBlock
+    from blockscope.sweeps.entries import shared_skips
+    from blockscope.sweeps.sweep import Variant
+
+    fill = torch.ones(4)
+    a = Variant({}, (SkipBlock(1), SkipBlock(2, fill), SkipBlock(3)))
+    b = Variant({}, (SkipBlock(1), SkipBlock(2, fill.clone()), SkipBlock(4)))
+    assert shared_skips([a, b]) == (SkipBlock(1), SkipBlock(2, torch.ones(4)))
+    assert SkipBlock(2, fill) != SkipBlock(2, 2 * fill) and SkipBlock(2) != SkipBlock(2, fill)

@@ -119,7 +119,7 @@ def block_curve(
     if progress:
         progress(total=len(orders) * top + 1)
         progress()
-    skips = [SkipBlock(i) for i in range(L)]  # one object per block: runs share them
+    skips = [SkipBlock(i) for i in range(L)]  # one per block
     ranked = {}
     if "ablation" in orders:
         if ablation is None:

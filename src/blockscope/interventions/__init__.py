@@ -44,6 +44,13 @@ class SkipBlock:
     fill: torch.Tensor | None = None
     component = "block"
 
+    def __eq__(self, other) -> bool:  # a value: the same layer and the same fill
+        return (isinstance(other, SkipBlock) and self.layer == other.layer
+                and _same(self.fill, other.fill))
+
+    def __hash__(self) -> int:
+        return hash(("SkipBlock", self.layer))
+
     def apply(self, resid_post: torch.Tensor, resid_pre: torch.Tensor) -> torch.Tensor:
         """The block's output `(..., d_model)`, given what it received."""
         return resid_pre if self.fill is None else resid_pre + self.fill.to(resid_pre.dtype)
@@ -169,6 +176,13 @@ class Resampled:
     by position (`--method resample`). `resample(edit, acts)` makes it concrete."""
 
     point: str
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two fills are the same value (None, or equal tensors)."""
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.shape == b.shape and bool(torch.equal(a, b)))
 
 
 def _at_positions(fill: torch.Tensor, positions: int, unit: int) -> torch.Tensor:

@@ -230,7 +230,7 @@ def pruned(model, clean: Clean, base: tuple, plain) -> Clean:
         return clean
     held = clean.views.get("pruned")  # (base, plain?, view) of the last base asked for
     if held is not None and len(held[0]) == len(base) and held[1] == (plain is not None) and all(
-            a is b for a, b in zip(held[0], base, strict=True)):
+            a == b for a, b in zip(held[0], base, strict=True)):
         return held[2]
     skip = {e.layer: e for e in base}
     lo = min(skip)

@@ -69,19 +69,19 @@ def _skips_only(v: Variant) -> bool:
 
 
 def shared_skips(variants: Sequence[Variant]) -> tuple:
-    """The SkipBlocks (the same objects) that every variant removing several blocks holds:
+    """The SkipBlocks (equal values) that every variant removing several blocks holds:
     the engine runs the model without them once per window, and each variant from there."""
     sets = [v.edits for v in variants if len(v.edits) > 1 and _skips_only(v)]
     if len(sets) < 2:
         return ()
-    return tuple(e for e in sets[0] if all(any(e is f for f in s) for s in sets[1:]))
+    return tuple(e for e in sets[0] if all(e in s for s in sets[1:]))
 
 
 def _blocks_start(n_layers: int, v: Variant, base: tuple) -> engine.Start:
     """Several blocks skipped: enter after the first one `base` does not hold, from the
     input the model without `base`'s blocks gives it (`engine.pruned`), skipping the
     variant's later blocks on the way (`base` is a subset of the variant's edits)."""
-    rest = [e for e in v.edits if not any(e is b for b in base)]
+    rest = [e for e in v.edits if e not in base]
     skip = {e.layer: e for e in v.edits}
     if not rest:  # the pruned model itself: straight to the unembedding
         return engine.Start(v.label, n_layers, lambda c: c.pre[n_layers], base=base,

@@ -204,7 +204,7 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
             return None
         lay = arch.layout(model)
         base = shared_skips(variants)
-        return [start(model, lay, v, base if any(e is b for b in base for e in v.edits)
+        return [start(model, lay, v, base if any(e in base for e in v.edits)
                       else ()) for v in variants]
 
     starts = None if prepared.resample else starts_of(variants)

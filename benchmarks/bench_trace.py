@@ -1,0 +1,122 @@
+"""Time `trace` (ROME's causal trace, the three kinds) on a real or random-init model, the
+cached engine against the naive loop (a full forward per restored state, batched over the
+noise samples, as ROME's `trace_with_patch`), and set both beside the time of the exact work
+the sweep needs, priced at rates measured in the same run.
+
+    python benchmarks/bench_trace.py [--model smollm2-135m] [--facts 1] [--samples 10]
+
+The exact work: for each variant and sample, every block from the first one it changes at
+the positions from the first one it changes (attention over the causal keys only), and the
+unembedding of the one position the metric reads. Matrix products are priced at the rate
+of the model's own shapes (rows x d_model times d_model x d_mlp, and so on, at the batch's
+row count), element-wise work (norms, rotary, the gated activation, residual adds, the
+softmax over the keys) at the copy bandwidth measured by a large clone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from blockscope.experiments import facts as fx  # noqa: E402
+from blockscope.experiments import trace  # noqa: E402
+from blockscope.model.loading import load_model, spec_for  # noqa: E402
+from blockscope.sweeps import resume  # noqa: E402
+
+
+def rate(m: int, k: int, n: int, reps: int = 20) -> float:
+    """FLOP/s of an (m, k) @ (k, n) float32 product."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return reps * 2 * m * k * n / (time.perf_counter() - start)
+
+
+def bandwidth() -> float:
+    """Bytes/s read plus written by a 256 MB clone."""
+    x = torch.empty(64 * 2**20)
+    x.clone()
+    start = time.perf_counter()
+    for _ in range(5):
+        x.clone()
+    return 5 * 2 * x.numel() * 4 / (time.perf_counter() - start)
+
+
+def exact_seconds(model, variants, T: int, samples: int, rows: int) -> dict:
+    """The exact work's matmul FLOPs, element-wise bytes, and their time at the rates of
+    the model's own shapes (measured now) and the copy bandwidth."""
+    cfg = model.cfg
+    d, d_mlp, H, dh, V = cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_head, cfg.d_vocab
+    d_kv = (getattr(cfg, "n_key_value_heads", None) or H) * dh
+    rates = {"qkvo": rate(rows, d, H * dh + 2 * d_kv), "up": rate(rows, d, 2 * d_mlp),
+             "down": rate(rows, d_mlp, d), "unembed": rate(min(rows, 256), d, V, 3)}
+    per_pos = {"qkvo": 2 * d * (H * dh + 2 * d_kv) + 2 * H * dh * d,
+               "up": 2 * d * 2 * d_mlp, "down": 2 * d_mlp * d}
+    flops = {k: 0 for k in rates}
+    elem = attn = 0
+    n = cfg.n_layers
+    for v in variants:
+        layer, p = resume.entry(v)
+        blocks = n - layer
+        for t in range(p, T):
+            for k, f in per_pos.items():
+                flops[k] += samples * blocks * f
+            attn += samples * blocks * 4 * H * dh * (t + 1)  # QK and PV, causal keys
+            elem += samples * blocks * 4 * (14 * d + 3 * d_mlp + 3 * H * (t + 1)
+                                            + 2 * (H * dh + d_kv))
+        flops["unembed"] += samples * 2 * d * V
+    seconds = sum(flops[k] / rates[k] for k in rates) + attn / rates["qkvo"] + elem / bandwidth()
+    return {"matmul_gflop": (sum(flops.values()) + attn) / 1e9, "elementwise_gb": elem / 1e9,
+            "rates_gflops": {k: round(r / 1e9, 1) for k, r in rates.items()},
+            "seconds": seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--facts", type=int, default=1, help="the first N built-in facts")
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--naive", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    model = load_model(spec_for(args.model, device="cpu"))
+    items = fx.prepared(model, fx.read_facts(fx.BUILTIN)[: args.facts], True)
+    totals = {"cached": 0.0, "naive": 0.0, "bound": 0.0, "work": 0, "naive_work": 0}
+    for it in items:
+        T = it["tokens"].shape[-1]
+        kw = dict(target=it["target"], samples=args.samples)
+        start = time.perf_counter()
+        a = trace.trace(model, it["tokens"], it["span"], **kw)
+        totals["cached"] += time.perf_counter() - start
+        how = a.attrs["how"]
+        assert how["engine"] == "cached", how
+        vs = trace.variants(model.cfg.n_layers, T, trace.KINDS, 10, None)
+        bound = exact_seconds(model, vs, T, args.samples, how["batch_size"] * args.samples)
+        totals["bound"] += bound["seconds"]
+        totals["work"] += how["block_positions"]
+        totals["naive_work"] += how["naive_block_positions"]
+        if args.naive:
+            start = time.perf_counter()
+            b = trace.trace(model, it["tokens"], it["span"], engine="naive", **kw)
+            totals["naive"] += time.perf_counter() - start
+            off = float((a["p_target"] - b["p_target"]).abs().max())
+            print(f"{it['fact'].prompt!r}: {T} tokens, cached = naive to {off:.1e}")
+        print(f"  exact work {bound['matmul_gflop']:.1f} GFLOP, {bound['elementwise_gb']:.2f} GB "
+              f"element-wise; rates {bound['rates_gflops']} GFLOP/s")
+    c, nv, b = totals["cached"], totals["naive"], totals["bound"]
+    print(f"{len(items)} facts, {args.samples} samples, 3 kinds: cached {c:.1f} s, exact-work "
+          f"bound {b:.1f} s (cached / bound {c / b:.2f})" + (
+              f", naive {nv:.1f} s (naive / cached {nv / c:.2f})" if args.naive else ""))
+    print(f"block-positions: cached {totals['work']:,}, naive {totals['naive_work']:,} "
+          f"({totals['naive_work'] / totals['work']:.2f}x), before the naive loop's "
+          "unembedding of every position")
+
+
+if __name__ == "__main__":
+    main()
