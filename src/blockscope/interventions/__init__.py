@@ -1,15 +1,20 @@
 """Interventions: what a variant writes instead, stated once, in `apply`.
 
 An intervention is a small record (pyvene's intervention classes) at one layer, with one
-`apply(activation) -> activation'`, the only statement of what it writes instead:
+`apply(base, source) -> activation'`, the only statement of what it writes instead: `base`
+is the run's own activation there, `source` what is written in its place (for a skipped
+block, its input; for the others, by default the record's fill: a clean mean or another
+document's activation; none means zeros). The interchange interventions of patching,
+tracing and knockout (interchange.py) share the protocol. Here:
 
 - `SkipBlock`: the block's output := its input (+ a clean-mean fill);
 - `RemoveWrite`: one half's write to the stream (`hook_attn_out`/`hook_mlp_out`) := zeros,
   or a clean mean;
 - `ScaleHeads`: each head's z := keep * z + (1 - keep) * fill (keep 0 removes a head);
 - `ScaleNeurons`: chosen MLP neurons' activations := 0, or their clean means;
-- `Rearrange` (rearrange.py): blocks first..last replaced by the same blocks in another
-  arrangement (swapped, reversed, repeated, or run side by side, their writes summed).
+- `Rearrange` (rearrange.py): a block order rather than an edit: blocks first..last
+  replaced by the same blocks in another arrangement (swapped, reversed, repeated, or run
+  side by side, their writes summed); its `apply` runs the window's steps.
 
 Every engine uses `apply`: the naive loop runs it as TransformerLens hooks (`hooks`), the
 cached engine (`entries.start`) applies it to the cached clean activation and carries the
@@ -94,12 +99,14 @@ class RemoveWrite:
     def point(self) -> str:
         return f"blocks.{self.layer}.{PART_HOOKS[self.part]}"
 
-    def apply(self, write: torch.Tensor) -> torch.Tensor:
-        """What is written instead of `write` `(..., T, d_model)`: zeros, the fill (d_model,),
-        or a fill per position (T', d_model), read from position 0 (`resample`)."""
-        if self.fill is None:
-            return torch.zeros_like(write)
-        return _at_positions(self.fill, write.shape[-2], 1).to(write.dtype).expand_as(write)
+    def apply(self, base: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
+        """What is written instead of the write `base` `(..., T, d_model)`: `source` (by
+        default the fill: the clean mean (d_model,), or another document's write per
+        position (T', d_model), read from position 0), or zeros without one."""
+        source = self.fill if source is None else source
+        if source is None:
+            return torch.zeros_like(base)
+        return _at_positions(source, base.shape[-2], 1).to(base.dtype).expand_as(base)
 
     def mean_points(self) -> list[str]:
         return [self.point]
@@ -122,13 +129,15 @@ class ScaleHeads:
     fill: torch.Tensor | None = None
     component = "heads"
 
-    def apply(self, z: torch.Tensor) -> torch.Tensor:
-        """z' for z `(..., n_heads, d_head)`: keep * z + (1 - keep) * fill per head."""
-        k = self.keep.to(z.dtype)[:, None]  # (n_heads, 1), broadcast over d_head
-        out = z * k
-        if self.fill is None:
+    def apply(self, base: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
+        """z' for z = `base` `(..., n_heads, d_head)`: keep * z + (1 - keep) * source per
+        head (`source` by default the fill; none: the removed heads write nothing)."""
+        source = self.fill if source is None else source
+        k = self.keep.to(base.dtype)[:, None]  # (n_heads, 1), broadcast over d_head
+        out = base * k
+        if source is None:
             return out
-        return out + (1 - k) * _at_positions(self.fill, z.shape[-3], 2).to(z.dtype)
+        return out + (1 - k) * _at_positions(source, base.shape[-3], 2).to(base.dtype)
 
     def mean_points(self) -> list[str]:
         return [f"blocks.{self.layer}.attn.hook_z"]
@@ -156,11 +165,13 @@ class ScaleNeurons:
     def point(self) -> str:
         return f"blocks.{self.layer}.mlp.out.hook_in"
 
-    def apply(self, act: torch.Tensor) -> torch.Tensor:
-        """act' for the MLP's hidden activation `(..., d_mlp)`."""
-        out = act.clone()
-        idx = self.neurons.to(act.device)
-        out[..., idx] = 0 if self.fill is None else self.fill.to(act.dtype).to(act.device)
+    def apply(self, base: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
+        """act' for the MLP's hidden activation `base` `(..., d_mlp)`: the chosen neurons
+        := `source` (k,) (by default the fill), or 0."""
+        source = self.fill if source is None else source
+        out = base.clone()
+        idx = self.neurons.to(base.device)
+        out[..., idx] = 0 if source is None else source.to(base.dtype).to(base.device)
         return out
 
     def hooks(self) -> list[Hook]:
