@@ -414,7 +414,8 @@ def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
                       "[2/5] residual norms: BOS x raw/processed weights",
                       "[3/5] pruning heads (gradient order)",
                       "[4/5] head roles: previous-token, duplicate-token, induction",
-                      "[5/5] the MLP section: lens, attribution, neurons and their keys"]
+                      "[5/5] the MLP section: lens, attribution, neurons and their keys, "
+                      "causal trace"]
     assert any(line.startswith("pruning heads (gradient order): ") and "left" in line
                for line in lines)
 
