@@ -138,8 +138,12 @@ class Resume:
         """The base run replayed from the embeddings: its final residual (S, T, d_model)."""
         x = self.kept.pre[0].clone()
         rows = [(s, s) for s in range(self.samples)]
+        def unchanged(point, act):
+            return act
+
+        unchanged.knocks = lambda j: False
         for j in range(len(self.plain)):
-            x = self.block(j, x, 0, rows, lambda point, act: act)
+            x = self.block(j, x, 0, rows, unchanged)
         return x
 
     def run(self, variants: Sequence[Variant]) -> list[torch.Tensor]:
@@ -166,6 +170,8 @@ class Resume:
                     e.write(act, mine, start, self.sources)
                 return act
 
+            edit.knocks = lambda j: (j, "attn.hook_attn_scores") in todo
+
             x = edit("hook_resid_post", x)  # the previous block's output
             if j < n:
                 x = self.block(j, x, start, rows, edit)
@@ -185,13 +191,14 @@ class Resume:
         samples = torch.tensor([s for _, s in rows], device=x.device)
         kp, vp = (t[samples, :, :start] for t in self.kv[j])  # (B, n_kv, start, d_head)
         k, v = torch.cat([kp, k], 2), torch.cat([vp, v], 2)  # (B, n_kv, T, d_head)
-        if k.shape[1] != q.shape[1]:  # grouped-query attention
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        bias = torch.zeros(B, q.shape[1], Tq, T, dtype=q.dtype, device=x.device)
-        bias.masked_fill_(~_allowed(ctx, start, T, x.device), float("-inf"))
-        bias = edit("attn.hook_attn_scores", bias)  # a knockout writes -inf here
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=p.scale)
+        allowed = _allowed(ctx, start, T, x.device)  # (Tq, T)
+        if edit.knocks(j):  # an additive mask per row and head, where a knockout writes -inf
+            mask = torch.zeros(B, q.shape[1], Tq, T, dtype=q.dtype, device=x.device)
+            mask = edit("attn.hook_attn_scores", mask.masked_fill_(~allowed, float("-inf")))
+        else:
+            mask = allowed
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.scale,
+                                           enable_gqa=k.shape[1] != q.shape[1])
         z = edit("attn.hook_z", z.transpose(1, 2).contiguous())  # (B, Tq, n_heads, d_head)
         a = edit("hook_attn_out", p.o(z.reshape(B, Tq, -1)))  # (B, Tq, d_model)
         if p.parallel:
