@@ -8,9 +8,10 @@ the sweep needs, priced at rates measured in the same run.
 The exact work: for each variant and sample, every block from the first one it changes at
 the positions from the first one it changes (attention over the causal keys only), and the
 unembedding of the one position the metric reads. Matrix products are priced at the rate
-of the model's own shapes (rows x d_model times d_model x d_mlp, and so on, at the batch's
-row count), element-wise work (norms, rotary, the gated activation, residual adds, the
-softmax over the keys) at the copy bandwidth measured by a large clone.
+of each of the model's own products (q, k, v, o, gate, up, down, the unembedding; at a
+batch's rows times half the prompt's positions), element-wise work (norms, rotary, the
+gated activation, residual adds, the softmax over the keys) at the copy bandwidth measured
+by a large clone.
 """
 
 from __future__ import annotations
@@ -54,11 +55,15 @@ def exact_seconds(model, variants, T: int, samples: int, rows: int) -> dict:
     the model's own shapes (measured now) and the copy bandwidth."""
     cfg = model.cfg
     d, d_mlp, H, dh, V = cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_head, cfg.d_vocab
-    d_kv = (getattr(cfg, "n_key_value_heads", None) or H) * dh
-    rates = {"qkvo": rate(rows, d, H * dh + 2 * d_kv), "up": rate(rows, d, 2 * d_mlp),
-             "down": rate(rows, d_mlp, d), "unembed": rate(min(rows, 256), d, V, 3)}
-    per_pos = {"qkvo": 2 * d * (H * dh + 2 * d_kv) + 2 * H * dh * d,
-               "up": 2 * d * 2 * d_mlp, "down": 2 * d_mlp * d}
+    n_kv = getattr(cfg, "n_key_value_heads", None) or H
+    d_kv = n_kv * dh
+    shapes = {"q": (d, H * dh), "k": (d, d_kv), "v": (d, d_kv), "o": (H * dh, d),
+              "gate": (d, d_mlp), "up": (d, d_mlp), "down": (d_mlp, d)}
+    if not getattr(cfg, "gated_mlp", False):
+        shapes.pop("gate")
+    rates = {name: rate(rows, k, n) for name, (k, n) in shapes.items()}
+    rates["unembed"] = rate(min(rows, 256), d, V, 3)
+    per_pos = {name: 2 * k * n for name, (k, n) in shapes.items()}
     flops = {k: 0 for k in rates}
     elem = attn = 0
     n = cfg.n_layers
@@ -72,7 +77,7 @@ def exact_seconds(model, variants, T: int, samples: int, rows: int) -> dict:
             elem += samples * blocks * 4 * (14 * d + 3 * d_mlp + 3 * H * (t + 1)
                                             + 2 * (H * dh + d_kv))
         flops["unembed"] += samples * 2 * d * V
-    seconds = sum(flops[k] / rates[k] for k in rates) + attn / rates["qkvo"] + elem / bandwidth()
+    seconds = sum(flops[k] / rates[k] for k in rates) + attn / rates["o"] + elem / bandwidth()
     return {"matmul_gflop": (sum(flops.values()) + attn) / 1e9, "elementwise_gb": elem / 1e9,
             "rates_gflops": {k: round(r / 1e9, 1) for k, r in rates.items()},
             "seconds": seconds}
@@ -97,7 +102,8 @@ def main() -> None:
         how = a.attrs["how"]
         assert how["engine"] == "cached", how
         vs = trace.variants(model.cfg.n_layers, T, trace.KINDS, 10, None)
-        bound = exact_seconds(model, vs, T, args.samples, how["batch_size"] * args.samples)
+        rows = how["batch_size"] * args.samples * max(1, T // 2)  # a batch's rows x positions
+        bound = exact_seconds(model, vs, T, args.samples, rows)
         totals["bound"] += bound["seconds"]
         totals["work"] += how["block_positions"]
         totals["naive_work"] += how["naive_block_positions"]
