@@ -326,3 +326,33 @@ def test_facts_run_the_known_ones_or_all_and_average_them(tiny_dir, tmp_path):
         assert r.ci_low <= r.relative_change <= r.ci_high
     meta = json.loads(result(out, "knockout-tiny-gpt2-facts.json").read_text())
     assert meta["n_facts"] == 2 and meta["n_used"] == 2 and meta["n_known"] == 0
+
+
+def test_facts_shared_across_ranks_give_one_process_table():
+    """Fact k runs on rank k mod 2; each rank gathers every rank's rows (a two-rank gather
+    written here), and the table equals one process's."""
+    import pandas as pd
+
+    from blockscope.experiments.facts import over
+    from blockscope.inputs.parallel import Comm
+
+    items = [{"tokens": torch.zeros(1, 4 + k % 2), "span": (1, 2), "target": k}
+             for k in range(5)]
+
+    def run(tokens, span, target):  # a stand-in experiment: rows per position
+        return pd.DataFrame({"layer": 0, "position": range(tokens.shape[-1]),
+                             "v": [target + 0.1 * t for t in range(tokens.shape[-1])]})
+
+    one = over(items, run, ["layer", "category"], "v")
+    parts = {}
+
+    class Rank(Comm):
+        def gather(self, obj):
+            parts[self.rank] = obj
+            return [parts.get(r, []) for r in range(self.size)]
+
+    over(items, run, ["layer", "category"], "v", comm=Rank(1, 2))  # rank 1 first: its rows
+    per_fact, avg = over(items, run, ["layer", "category"], "v", comm=Rank(0, 2))
+    assert {int(f["fact"].iloc[0]) for f in parts[0]} == {0, 2, 4}
+    pd.testing.assert_frame_equal(per_fact, one[0])
+    pd.testing.assert_frame_equal(avg, one[1])

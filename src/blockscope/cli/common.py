@@ -106,7 +106,7 @@ def run(fn, cls, values: dict):
             parallel.finish()
 
 
-DISTRIBUTED = {"ablate", "prune-heads", "resid-norm"}  # commands that split work by rank
+DISTRIBUTED = {"ablate", "knockout", "prune-heads", "resid-norm", "trace"}  # split work by rank
 
 
 LATE_S = 1.0  # a piped run says what it is doing once a step has taken this long

@@ -102,9 +102,11 @@ def knockout_facts(o: Knockout, started: float) -> None:
         return experiment.knockout(lm, tokens, span, target=target, window=o.window,
                                    bos=o.prepend_bos, engine=o.sweep.engine.value)
 
-    spec, lm, per_fact, avg, record = many_facts(o, "knocking out", one,
-                                                 ["from", "layer_start", "layer_end"],
-                                                 "relative_change", started)
+    done = many_facts(o, "knocking out", one, ["from", "layer_start", "layer_end"],
+                      "relative_change", started)
+    if done is None:
+        return
+    spec, lm, per_fact, avg, record = done
     avg.attrs["window"] = min(o.window, lm.cfg.n_layers)
     if not o.out.quiet:
         render_facts(avg, spec.label, record["n_used"])

@@ -72,9 +72,13 @@ class Trace(Options):
 
 def check_facts(o) -> None:
     """A prompt or --facts, not both; --all-facts only with --facts."""
-    from blockscope.errors import BadValue
+    from blockscope.errors import BadValue, BlockscopeError
+    from blockscope.inputs.parallel import world_size
 
     given = o.prompt.prompt is not None or o.prompt.text is not None
+    if o.facts is None and world_size() > 1:
+        raise BlockscopeError("under torchrun the facts of `facts` are shared across "
+                              "processes; one prompt runs in one process")
     if o.facts is not None and (given or o.subject or o.target):
         raise BadValue("give a prompt (with `subject`) or `facts`, not both")
     if o.all_facts and o.facts is None:
@@ -84,33 +88,40 @@ def check_facts(o) -> None:
 def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
     """Every fact of --facts (those the model knows, unless --all-facts) through `run(model,
     tokens, span, target, progress)`: the per-fact rows, their averages, and the sidecar's
-    record. The facts are read before the model loads."""
+    record (None on a process that does not write, under torchrun). The facts are read
+    before the model loads."""
     from blockscope.cli.common import checked_load, err
     from blockscope.errors import BlockscopeError
     from blockscope.experiments import facts as fx
+    from blockscope.inputs import parallel
     from blockscope.model.loading import spec_for
     from blockscope.results.render import progress_bar
 
     facts = fx.read_facts(o.facts)
-    spec = spec_for(o.load.model, device=o.load.device, dtype=o.load.dtype.value,
-                    bos_token=o.bos_token)
-    lm = checked_load(spec, o.load.allow_pickle, o.out.quiet)
+    spec = spec_for(o.load.model, device=parallel.local_device(o.load.device),
+                    dtype=o.load.dtype.value, bos_token=o.bos_token)
+    comm = parallel.from_env(spec.device)
+    quiet = o.out.quiet or not comm.writes
+    lm = checked_load(spec, o.load.allow_pickle, quiet)
     items = fx.prepared(lm, facts, o.prepend_bos)
     kept = items if o.all_facts else [i for i in items if i["known"]]
     if not kept:
         raise BlockscopeError(f"{spec.label} knows none of the {len(facts)} facts (its top-1 "
                               "is the target for none); --all-facts keeps every fact")
-    if not o.out.quiet:
+    if not quiet:
         err.print(f"{len(kept)} of {len(facts)} facts {'kept' if o.all_facts else 'known'} "
                   f"({spec.label}'s top-1 is the target's first token for "
                   f"{sum(i['known'] for i in items)})", highlight=False, soft_wrap=True)
-    with progress_bar(err, len(kept), f"{name} over facts", not o.out.quiet) as tick:
-        per_fact, avg = fx.over(kept, lambda t, s, g: run(lm, t, s, g), keys, value, tick)
+    with progress_bar(err, len(kept), f"{name} over facts", not quiet) as tick:
+        per_fact, avg = fx.over(kept, lambda t, s, g: run(lm, t, s, g), keys, value, tick,
+                                comm)
     record = {"facts": o.facts, "n_facts": len(facts), "n_known": sum(i["known"] for i in items),
               "n_used": len(kept), "all_facts": o.all_facts, "categories": list(fx.CATEGORIES),
               "interval": "95% percentile bootstrap over facts, 1000 resamples, seed 0",
               "used": [{"prompt": i["fact"].prompt, "subject": i["fact"].subject,
-                        "target": i["fact"].target} for i in kept]}
+                        "target": i["fact"].target} for i in kept], "processes": comm.size}
+    if not comm.writes:  # rank 0 alone prints and writes
+        return None
     return spec, lm, per_fact, avg, record
 
 
@@ -177,9 +188,11 @@ def trace_facts(o: Trace, started: float) -> None:
                                 samples=o.samples, window=o.window, noise=o.noise, seed=o.seed,
                                 sever=o.sever, engine=o.sweep.engine.value)
 
-    spec, lm, per_fact, avg, record = many_facts(o, "tracing", one,
-                                                 ["kind", "layer", "category"],
-                                                 "indirect_effect", started)
+    done = many_facts(o, "tracing", one, ["kind", "layer", "category"], "indirect_effect",
+                      started)
+    if done is None:
+        return
+    spec, lm, per_fact, avg, record = done
     if not o.out.quiet:
         render_facts(avg, spec.label, record["n_used"])
     from blockscope.cli.common import model_record

@@ -97,13 +97,19 @@ def averaged(per_fact: pd.DataFrame, keys: list[str], value: str, n_boot: int = 
     return out
 
 
-def over(items: list[dict], run, keys: list[str], value: str, progress=None
+def over(items: list[dict], run, keys: list[str], value: str, progress=None, comm=None
          ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`run(tokens, span, target) -> DataFrame` on every fact: (every fact's rows with
     `fact` and, where rows have a position, its `category`; their average over facts by
-    `keys`)."""
+    `keys`). Under torchrun (`comm`, `inputs.parallel`) fact k runs on rank k mod N, as
+    documents do, and every rank gathers every fact's rows: the same table as one process."""
+    from blockscope.inputs.parallel import Comm
+
+    comm = comm or Comm()
     frames = []
     for k, it in enumerate(items):
+        if not comm.owns(k):
+            continue
         df = run(it["tokens"], it["span"], it["target"])
         df.insert(0, "fact", k)
         if "position" in df:
@@ -112,5 +118,7 @@ def over(items: list[dict], run, keys: list[str], value: str, progress=None
         frames.append(df)
         if progress:
             progress()
-    per_fact = pd.concat(frames, ignore_index=True)
+    frames = [f for part in comm.gather(frames) for f in part]
+    per_fact = pd.concat(sorted(frames, key=lambda f: int(f["fact"].iloc[0])),
+                         ignore_index=True)
     return per_fact, averaged(per_fact, keys, value)
