@@ -9,20 +9,19 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.lens import PromptBosOpt
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, group
-from blockscope.cli.output import write
-from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Prompt, Sweep
-from blockscope.cli.trace import (
+from blockscope.cli.facts import (
     AllFactsOpt,
     FactsOpt,
     FactTargetOpt,
     SubjectOpt,
-    answer,
     check_facts,
+    fact_prompt,
     many_facts,
 )
+from blockscope.cli.lens import PromptBosOpt
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, group
+from blockscope.cli.output import write
+from blockscope.cli.text_options import Prompt, Sweep
 
 
 @dataclass
@@ -60,18 +59,13 @@ def knockout(o: Knockout) -> None:
     """
     from blockscope.cli.common import err
     from blockscope.experiments import knockout as experiment
-    from blockscope.experiments.trace import subject_span
     from blockscope.results.render import progress_bar
 
     started = time.perf_counter()
     if o.facts is not None:
         return knockout_facts(o, started)
-    run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
-                     bos_token=o.bos_token)
+    run, span, target, word = fact_prompt(o)
     lm = run.model
-    span = subject_span(lm.tokenizer, run.tokens[0].tolist(), o.subject)
-    target = answer(lm, run.tokens, o.target)
-    word = lm.tokenizer.decode([target])
     with progress_bar(err, 1, "knocking out", not o.out.quiet) as tick:
         df = experiment.knockout(lm, run.tokens, span, target=target, window=o.window,
                                  bos=o.prepend_bos, engine=o.sweep.engine.value, progress=tick)
