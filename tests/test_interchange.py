@@ -311,6 +311,11 @@ def test_facts_run_the_known_ones_or_all_and_average_them(tiny_dir, tmp_path):
         return CliRunner().invoke(app, [str(a) for a in (*args, "--model", tiny_dir,
                                                          "--out-dir", out)])
 
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(facts.read_text() + '{"prompt": "x", "subject"\n')
+    res = run("knockout", "--facts", bad)
+    assert res.exit_code != 0 and "line 3: not JSON" in res.output
+    assert "loading" not in res.output  # refused before the model loads
     res = run("knockout", "--facts", facts)  # a random model knows no fact
     assert res.exit_code != 0 and "knows none of the 2 facts" in res.output
     res = run("knockout", "--all-facts")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -40,14 +41,38 @@ def read_facts(path: str) -> list[Fact]:
 
     where = str(resources.files("blockscope") / "data" / "facts.jsonl") if path == BUILTIN \
         else path
+    import datasets
+    import pyarrow
+
+    if not Path(where).is_file():
+        raise BadValue(f"`facts` {path}: no such file")
+    _check_lines(Path(where), path)
     try:
         rows = load_dataset("json", data_files=where, split="train")
-    except Exception as exc:  # datasets' own error types vary with the fault
+    except (ValueError, OSError, datasets.exceptions.DatasetsError,
+            pyarrow.ArrowException) as exc:  # a line that is not JSON, or not one record
         raise BadValue(f"`facts` {path}: cannot read it as JSONL ({type(exc).__name__})")
     missing = {"prompt", "subject", "target"} - set(rows.column_names)
     if missing:
         raise BadValue(f"`facts` {path}: no column {', '.join(sorted(missing))}")
     return [Fact(r["prompt"], r["subject"], r["target"]) for r in rows]
+
+
+def _check_lines(where: Path, path: str) -> None:
+    """Refuse, naming it, the first line that is not one JSON object (datasets' own error
+    names neither the line nor the fault, and logs a second line of its own)."""
+    import json
+
+    with open(where, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BadValue(f"`facts` {path}, line {i}: not JSON ({exc.msg})")
+            if not isinstance(record, dict):
+                raise BadValue(f"`facts` {path}, line {i}: not a JSON object")
 
 
 def category(t: int, span: tuple[int, int], n: int) -> str:
