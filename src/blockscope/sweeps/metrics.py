@@ -15,6 +15,14 @@ from dataclasses import dataclass
 import torch
 
 
+def log_prob(logits: torch.Tensor, target: int) -> torch.Tensor:
+    """log P(target) (B,) float64: the target's logit minus the logsumexp, its exponentials
+    summed in float64 from one pass over the float32 logits (no float64 copy of them)."""
+    top = logits.amax(-1, keepdim=True)  # (B, 1)
+    lse = (logits - top).exp().sum(-1, dtype=torch.float64).log() + top[:, 0].double()
+    return logits[:, target].double() - lse
+
+
 @dataclass(frozen=True)
 class TargetLogProb:
     target: int
@@ -22,7 +30,7 @@ class TargetLogProb:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """log P(target) (B,) from logits (B, d_vocab)."""
-        return torch.log_softmax(logits.double(), dim=-1)[:, self.target]
+        return log_prob(logits, self.target)
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,7 @@ class TargetProb:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """P(target) (B,) from logits (B, d_vocab)."""
-        return torch.softmax(logits.double(), dim=-1)[:, self.target]
+        return log_prob(logits, self.target).exp()
 
 
 @dataclass(frozen=True)
