@@ -67,14 +67,47 @@ class Parts:
         """q, k, v (B, n_heads, T, d_head) of the normed stream h (B, T, d_model) at
         positions start.. (GPT-2's positions are in the stream already)."""
         B, T, _ = h.shape
-        return tuple(m(h).view(B, T, self.n_heads, self.d_head).transpose(1, 2)
-                     for m in (self.q, self.k, self.v))
+        return tuple(t.view(B, T, self.n_heads, self.d_head).transpose(1, 2)
+                     for t in products(self, ("q", "k", "v"), h))
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """mlp(ln_2(x)), with the MLP's activation as it is at the call: inside the
         engine's `fused_gelu`, torch's fused tanh GELU (`adapters.fast_activations`)."""
         hidden = self.c_fc(_layer_norm(self.ln_2, x))  # (B, T, d_mlp)
         return self.c_proj(self.mlp.act(hidden))
+
+
+class Joined:
+    """Several nn.Linear read from the same input as one product, their weights
+    concatenated once (the resume's per-sweep copy: a wider product runs nearer the
+    matmul rate); the outputs split back."""
+
+    def __init__(self, linears):
+        self.sizes = [m.out_features for m in linears]
+        self.weight = torch.cat([m.weight for m in linears])
+        biases = [m.bias for m in linears]
+        self.bias = None if all(b is None for b in biases) else torch.cat([
+            b if b is not None else m.weight.new_zeros(m.out_features)
+            for m, b in zip(linears, biases, strict=True)])
+
+    def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(h, self.weight, self.bias).split(self.sizes, -1)
+
+
+def products(parts, names: tuple[str, ...], h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The Linears `names` of `parts` applied to h: as one product where `parts.joined`
+    holds them joined (`Joined`), else one by one."""
+    joined = getattr(parts, "joined", {}).get(names)
+    return joined(h) if joined is not None else tuple(getattr(parts, n)(h) for n in names)
+
+
+def join_products(parts) -> None:
+    """Join each block's q/k/v and gate/up products (where they are separate Linears) for
+    the rest of this Parts object's life: the resume's sweep."""
+    groups = [("q", "k", "v"), ("gate", "up")]
+    parts.joined = {names: Joined([getattr(parts, n) for n in names]) for names in groups
+                    if all(isinstance(getattr(parts, n, None), torch.nn.Linear)
+                           for n in names)}
 
 
 def scaled(z: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:

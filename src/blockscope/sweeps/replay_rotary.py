@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from blockscope.model import adapters
 from blockscope.model.adapters import generic
-from blockscope.sweeps.replay import heads_out, in_rows, kept_heads
+from blockscope.sweeps.replay import heads_out, in_rows, kept_heads, products
 
 
 class ReplayArgsMissing(RuntimeError):
@@ -105,14 +105,15 @@ class LlamaParts:
         stream h (B, T, d_model) at positions start.., rotated for those positions."""
         B, T, _ = h.shape
         cos, sin = _rope_at(ctx, start, T)
-        q, k, v = (m(h).view(B, T, -1, self.d_head).transpose(1, 2)
-                   for m in (self.q, self.k, self.v))
+        q, k, v = (t.view(B, T, -1, self.d_head).transpose(1, 2)
+                   for t in products(self, ("q", "k", "v"), h))
         q, k = self.rotary(q, k, cos, sin)
         return q, k, v
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln2(x)
-        return self.down(self.act(self.gate(h)) * self.up(h))  # SwiGLU: (B, T, d_model)
+        gate, up = products(self, ("gate", "up"), h)
+        return self.down(self.act(gate) * up)  # SwiGLU: (B, T, d_model)
 
 
 class NeoXParts:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from blockscope.sweeps import engine, selfcheck, steps
+from blockscope.sweeps import engine, replay, selfcheck, steps
 from blockscope.sweeps.sweep import Variant
 
 INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
@@ -116,6 +116,8 @@ class Resume:
         self.model, self.plain, self.kept = model, plain, kept
         self.sources, self.samples = sources, samples
         self.args = kept.block_args
+        for p in plain:  # this sweep's own Parts: q/k/v and gate/up as one product each
+            replay.join_products(p)
         with torch.inference_mode():  # each block's keys and values, (S, n_kv, T, d_head)
             self.kv = [p.project(p.attn_norm(x), self.args[j], 0)[1:]
                        for j, (p, x) in enumerate(zip(plain, kept.pre, strict=False))]
