@@ -72,17 +72,8 @@ def block_ablation(
     if any(not 0 <= i < n_layers for i in layers):
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
     docs = as_docs(tokens)
-    edits = [intervention(part, i) for i in layers]
-    names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
-    drawn = [e.point for e in edits] if method == "resample" else []
-    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names,
-                            resample=drawn, seed=seed)
-    if method == "mean":
-        edits = [e.with_mean(prepared.means) for e in edits]
-    if method == "resample":
-        edits = [replace(e, fill=Resampled(e.point)) for e in edits]
-    variants = [Variant({"layer": e.layer, "part": part, "method": method}, (e,))
-                for e in edits]
+    variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
+                                  stride=stride, engine=engine, seed=seed)
     similarity = BlockSimilarity(n_layers, part)  # from the clean passes either engine runs
     df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
                   batch_size=batch_size, progress=progress, ci=ci, on_clean=similarity.add)
@@ -95,6 +86,45 @@ def block_ablation(
     if method == "resample":
         df.attrs["resample"] = plan.pairing(docs, prepared)
     return df
+
+
+def removals(model, docs, *, part: str, method: str, layers: list[int], stride: int | None,
+             engine: str, seed: int) -> tuple[list[Variant], plan.Prepared]:
+    """One variant per removed layer (its fill made as `method` says), and the prepared
+    clean passes and means they were made from."""
+    edits = [intervention(part, i) for i in layers]
+    names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
+    drawn = [e.point for e in edits] if method == "resample" else []
+    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names,
+                            resample=drawn, seed=seed)
+    if method == "mean":
+        edits = [e.with_mean(prepared.means) for e in edits]
+    if method == "resample":
+        edits = [replace(e, fill=Resampled(e.point)) for e in edits]
+    return [Variant({"layer": e.layer, "part": part, "method": method}, (e,))
+            for e in edits], prepared
+
+
+def decomposed(model, tokens, *, part: str = "block", method: str = "zero",
+               stride: int | None = None, layers: Sequence[int] | None = None, seed: int = 0,
+               progress: Progress | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each removal's change in the correct token's centred logit split into its own
+    write, later blocks' reactions and the final norm (`decompose`): per component, and
+    per scored token."""
+    from blockscope.experiments.decompose import decompose
+
+    check_method(part, method)
+    docs = as_docs(tokens)
+    layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
+    variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
+                                  stride=stride, engine="naive", seed=seed)
+    per_doc = [plan.resampled(model, docs, k, variants, prepared) for k in range(len(docs.ids))]
+    df, tokens_df = decompose(model, docs, per_doc, part=part, stride=stride,
+                              progress=progress)
+    df.insert(3, "method", method)
+    if method == "resample":
+        df.attrs["resample"] = plan.pairing(docs, prepared)
+    return df, tokens_df
 
 
 COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
