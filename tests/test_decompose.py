@@ -128,3 +128,35 @@ def test_a_softcapped_model_is_refused(tmp_path, alice_text):
     ids = model.tokenizer(alice_text, return_tensors="pt").input_ids[:, :T]
     with pytest.raises(BlockscopeError, match="softcaps its final logits"):
         decomposed(model, ids)
+
+
+def test_the_command_writes_the_split_and_refuses_per_token_alone(tiny_dir, tmp_path):
+    import json
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from blockscope.cli import app
+
+    from .conftest import ALICE, result
+
+    def run(*args):
+        return CliRunner().invoke(app, [str(a) for a in (
+            "ablate", "--text", ALICE, "--max-tokens", 40, "--model", tiny_dir, "--out-dir",
+            tmp_path, *args)])
+
+    res = run("--per-token")
+    assert res.exit_code != 0 and "--per-token goes with --decompose" in res.output
+    res = run("--decompose", "--per-token")
+    assert res.exit_code == 0, res.output
+    assert "the article's reading predicts" in res.stdout
+    df = pd.read_csv(result(tmp_path, "ablate-tiny-gpt2-alice-decompose.csv"))
+    assert list(df.columns[:9]) == ["component", "layer", "part", "method", "total", "direct",
+                                    "downstream", "final_norm", "self_repair"]
+    assert [c for c in df.columns[9:]] == ["downstream_0", "downstream_1", "downstream_2"]
+    tokens = pd.read_csv(result(tmp_path, "ablate-tiny-gpt2-alice-decompose-tokens.csv"))
+    assert len(tokens) == 3 * 40  # 3 blocks x (BOS + 40 tokens - 1) scored tokens
+    mean = tokens.groupby("layer")["total"].mean()
+    assert df["total"].to_numpy() == pytest.approx(mean.to_numpy())
+    meta = json.loads(result(tmp_path, "ablate-tiny-gpt2-alice-decompose.json").read_text())
+    assert meta["decompose"] is True and meta["engine"] == "naive" and meta["headline"]

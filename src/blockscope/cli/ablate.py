@@ -46,15 +46,27 @@ class Ablate(Options):
     load: Load = group(Load)
     part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block
     method: MethodOpt = Method.zero
+    decompose: Annotated[bool, typer.Option(
+        "--decompose", help="Split each removal's change in the correct token's centred "
+        "logit into the component's own write, later blocks' reactions and the final norm "
+        "(self-repair); runs the naive loop.")] = False
+    per_token: Annotated[bool, typer.Option(
+        "--per-token", help="With --decompose: also a CSV of every scored token's split.")] = False
     window: Window = group(Window)
     sweep: Sweep = group(Sweep)
     out: Output = group(Output)
 
     def check(self) -> None:
+        from blockscope.errors import BadValue, BlockscopeError
         from blockscope.experiments.ablate import check_method
+        from blockscope.inputs.parallel import world_size
 
         check_method(self.part.value, self.method.value)
         check_resample(self.method, self.passage)
+        if self.per_token and not self.decompose:
+            raise BadValue("`per_token` goes with `decompose`")
+        if self.decompose and world_size() > 1:
+            raise BlockscopeError("ablate --decompose runs in one process")
 
     @property
     def suffix(self) -> str:
@@ -80,6 +92,8 @@ def ablate(o: Ablate) -> None:
                      stride=o.window.stride, bos_token=o.window.bos_token)
     part, method = o.part.value, o.method.value
     mean = "" if o.method is Method.zero else f" ({method})"
+    if o.decompose:
+        return decomposed(o, run, started)
     swept = time.perf_counter()
     with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean,
                       not o.out.quiet and run.comm.writes) as step:
@@ -109,6 +123,56 @@ def ablate(o: Ablate) -> None:
 
         extra[f"{stem}.png"] = ablation_plot(df, f"{title}: perplexity with {SHOWN[part]}{mean}")
     write(o, stem, {"": df}, meta, extra=extra)
+
+
+def decomposed(o: Ablate, run, started: float) -> None:
+    """`--decompose`: the split per removed component (and per token), its table, its
+    headline, a stacked bar per component."""
+    from blockscope.experiments import ablate as experiment
+    from blockscope.experiments.decompose import MEANING, headline
+    from blockscope.results.render import progress_bar
+
+    part, method = o.part.value, o.method.value
+    from blockscope.sweeps.sweep import model_windows
+
+    n_windows = sum(len(model_windows(run.model, ids, o.window.stride)) for ids in run.docs.ids)
+    with progress_bar(err, n_windows, f"splitting each removal ({REMOVED[part]})",
+                      not o.out.quiet) as step:
+        df, tokens = experiment.decomposed(run.model, run.docs, part=part, method=method,
+                                           stride=o.window.stride, seed=o.seed, progress=step)
+    title = f"{run.spec.label} on {run.describe()}"
+    line = headline(df, run.model.cfg.n_layers)
+    if not o.out.quiet:
+        out.print(decompose_table(df, title, part, method))
+        out.print(line, highlight=False, soft_wrap=True)
+    meta = run.meta("ablate", n_scored=df.attrs["n_scored"], part=part, method=method,
+                    decompose=True, engine="naive", headline=line, columns=MEANING,
+                    **({"resample": df.attrs["resample"]} if "resample" in df.attrs else {}),
+                    wall_time_s=round(time.perf_counter() - started, 3))
+    stem = f"ablate-{run.spec.slug}-{run.source.stem}{o.suffix}-decompose"
+    frames = {"": df} | ({"-tokens": tokens} if o.per_token else {})
+    extra = {}
+    if o.out.plot:
+        from blockscope.results.plots import decompose_plot
+
+        extra[f"{stem}.png"] = decompose_plot(df, f"{run.spec.label}, {SHOWN[part]} "
+                                              f"({method}): where the logit change comes from")
+    write(o, stem, frames, meta, extra=extra)
+
+
+def decompose_table(df, title: str, part: str, method: str):
+    from blockscope.results.render import table
+
+    return table(df, {"layer": ("block" if part == "block" else f"{part} of", "d"),
+                      "total": ("total", "+.3f"), "direct": ("own write", "+.3f"),
+                      "downstream": ("later blocks", "+.3f"),
+                      "final_norm": ("final norm", "+.3f"),
+                      "self_repair": ("self-repair", "+.0%")},
+                 title=f"{title}: where each removal's logit change comes from ({method})",
+                 caption="the change in the correct token's logit minus the mean logit, "
+                 "averaged over the scored tokens; own write + later blocks + final norm = "
+                 "total; self-repair = (own - total) / own. Blocks count from 0; each later "
+                 "block's share is in the CSV (downstream_<j>).")
 
 
 def correlation_line(correlations: dict) -> str:

@@ -33,6 +33,17 @@ from blockscope.model.arch import layout
 from blockscope.sweeps.sweep import model_windows
 
 TOLERANCE = 1e-4  # of the centred logit's scale: float32 rounding of the writes
+MEANING = {
+    "total": "mean over the scored tokens of the correct next token's centred logit (its "
+    "logit minus the mean logit over the vocabulary; not the log-probability), variant - "
+    "clean",
+    "direct": "the removed component's own write, changed (minus its clean write for a zero "
+    "ablation), read through the final norm with the clean run's scale and the target's "
+    "centred unembedding row",
+    "downstream_<j>": "block j's write, variant - clean, read the same way (block k's other "
+    "half for a removed half)", "downstream": "the sum of downstream_<j>",
+    "final_norm": "the variant's logit with its own final-norm scale minus with the clean "
+    "run's", "self_repair": "(direct - total) / direct"}
 
 
 def _passes(model, chunk: torch.Tensor, edits, part: str) -> dict:
@@ -173,12 +184,21 @@ def decompose(model, docs, variants, *, part: str, stride: int | None = None,
 
 
 def headline(df: pd.DataFrame, n_layers: int) -> str:
-    """What the article's explanation predicts and what was measured, for the middle
-    block(s), built from the figures."""
+    """What the article's explanation predicts (the total is the component's own write) and
+    what was measured, for the middle component whose total is the median of the middle
+    half's (its own figures, which add up); built from the figures."""
     mid = df[(df["layer"] >= n_layers // 4) & (df["layer"] < n_layers - n_layers // 4)]
-    row = (mid if len(mid) else df).median(numeric_only=True)
-    what = "a middle component" if len(mid) else "a component"
-    return (f"removing {what} (median over {len(mid) or len(df)}) changes the correct "
-            f"token's centred logit by {row['total']:+.2f}; its own write accounts for "
-            f"{row['direct']:+.2f}; later blocks give back {row['downstream']:+.2f} and the "
-            f"final norm {row['final_norm']:+.2f} (self-repair {row['self_repair']:.0%})")
+    mid = mid if len(mid) else df
+    row = mid.iloc[int(np.argsort(mid["total"].to_numpy())[len(mid) // 2])]
+
+    def effect(value: float, s: str = "") -> str:  # against the own write's sign
+        verb = f"add{s}" if np.sign(value) == np.sign(row["direct"]) else f"give{s} back"
+        return f"{verb} {value:+.2f}"
+
+    k = int(row["layer"])
+    what = f"block {k}" if row["part"] == "block" else f"block {k}'s {row['part']}"
+    return (f"the article's reading predicts that a removal changes the logit by the "
+            f"component's own write; removing {what} (the median of the middle half) changes "
+            f"the correct token's centred logit by {row['total']:+.2f}, its own write accounts "
+            f"for {row['direct']:+.2f}, later blocks {effect(row['downstream'])} and the final "
+            f"norm's scale {effect(row['final_norm'], 's')} (self-repair {row['self_repair']:.0%})")
