@@ -410,7 +410,7 @@ def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
     assert res.exit_code == 0, res.output
     lines = res.stderr.splitlines()
     stages = [line for line in lines if line.startswith("[")]
-    assert stages == ["[1/5] ablation: skipping each block",
+    assert stages == ["[1/5] ablation: skipping each block, and each removal's split",
                       "[2/5] residual norms: BOS x raw/processed weights",
                       "[3/5] pruning heads (gradient order)",
                       "[4/5] head roles: previous-token, duplicate-token, induction",

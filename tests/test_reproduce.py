@@ -207,3 +207,18 @@ def test_the_causal_mlp_claims_read_the_trace():
     assert shown(traced((1, 2), (0, 4))) == [True, False]  # attention before the MLP peak
     assert shown(traced((1, 2), (3, 4), effect=0.3)) == [False, False]  # under half of 0.7
     assert shown(traced((1, 2), (3, 4), p_clean=0.15)) == [False, False]  # noise took 0.05
+
+
+def test_the_one_correction_reading_reads_the_split():
+    """Shown only where the median middle block's total is within x1.5 of its own write."""
+    from blockscope.experiments.reproduce_sections import one_correction
+
+    def split(totals, directs):
+        df = pd.DataFrame({"total": totals, "direct": directs})
+        return df.assign(self_repair=(df["direct"] - df["total"]) / df["direct"])
+
+    claim = one_correction(split([-5, -1.0, -0.9, -1.1, 2], [-1, -1, -1, -1, 1]))
+    assert claim[-1] is True and "x1.00" in claim[2] and "self-repair 0%" in claim[2]
+    claim = one_correction(split([-5, -0.4, -0.5, -0.3, 2], [-1, -1, -1, -1, 1]))
+    assert claim[-1] is False and "self-repair 60%" in claim[2]  # later blocks give back
+    assert one_correction(split([-5, -2.0, -1.6, 2], [-1, -1, -1, 1]))[-1] is False  # x1.8

@@ -87,12 +87,19 @@ def no_stage(description: str, total: int):
     yield lambda total=None: None
 
 
+def model_layout_splits(model) -> bool:
+    """Whether a removal's logit change splits exactly into writes (no final softcap)."""
+    from blockscope.model.arch import layout
+
+    return layout(model).softcap is None
+
+
 def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage) -> tuple:
     """(measures, frames): block ablation, residual norms for each BOS x weights variant
     (`load_processed()` gives the model with processed weights), prune-heads headline.
     `stage(description, n_steps)` gives each experiment's progress callback (the CLI: one
     line and a bar per experiment)."""
-    from blockscope.experiments.ablate import block_ablation
+    from blockscope.experiments.ablate import block_ablation, decomposed
     from blockscope.experiments.pruning import prunable, pruning_curve
     from blockscope.experiments.resid_norm import resid_norms
     from blockscope.inputs.text import read_passage, tokenize
@@ -102,8 +109,12 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
         a = settings["ablate"]
         ids = tokenize(model.tokenizer, read_passage(a["text"]).text,
                        prepend_bos=a.get("prepend_bos", True), max_tokens=a.get("max_tokens"))
-        with stage("ablation: skipping each block", model.cfg.n_layers + 1) as step:
+        with stage("ablation: skipping each block, and each removal's split",
+                   model.cfg.n_layers + 2) as step:
             df = block_ablation(model, ids, progress=step)
+            if model_layout_splits(model):
+                frames["ablate-decompose"] = decomposed(model, ids)[0]
+            step()
         frames["ablate"] = df
         middle = df.iloc[2:-1]["perplexity"]  # blocks 2..n-1, counted from 1
         out.update({"ablate.baseline": df.loc[0, "perplexity"], "ablate.block1":

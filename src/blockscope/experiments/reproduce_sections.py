@@ -78,6 +78,20 @@ def head_role_checks(model, settings: dict) -> pd.DataFrame:
 ARTICLE_BOS_VARIANT = "no BOS, raw weights"  # the article's 5-token prompt, raw HF weights
 
 
+def one_correction(split: pd.DataFrame) -> tuple:
+    """The article's explanation of its opening experiment, tested on `ablate --decompose`'s
+    split: (claim, article, measured, test, shown)."""
+    middle = split.iloc[1:-1]  # blocks 2 .. n-1, counted from 1
+    ratio = float((middle["total"] / middle["direct"]).median()) if len(middle) else float("nan")
+    repair = float(middle["self_repair"].median()) if len(middle) else float("nan")
+    return ("removing a block removes one correction: a middle block's effect on the logit "
+            "is its own write", "the article's explanation; no figure",
+            f"median middle block: total / own write x{ratio:.2f}, self-repair {repair:.0%} "
+            "(centred logit of the correct token)",
+            "the median middle block's total change is within a factor of 1.5 of its own "
+            "write's (x0.67 to x1.5)", len(middle) > 0 and 1 / 1.5 <= ratio <= 1.5)
+
+
 def article_claims(figures, measured: dict, frames: dict, model: str) -> pd.DataFrame:
     """The article's qualitative claims, each with the article's GPT-2 figures beside what
     was measured on `model`, the test written out, and whether it is shown. For a model
@@ -109,6 +123,8 @@ def article_claims(figures, measured: dict, frames: dict, model: str) -> pd.Data
                 f"median +{med - 1:.0%}, at most +{float(middle.max()) - 1:.0%}",
                 "the median middle block (2 to n-1) raises perplexity by less than 50%",
                 med < 1.5)
+    if "ablate-decompose" in frames:
+        add(*one_correction(frames["ablate-decompose"]))
     growth = measured.get(f"resid.growth|{ARTICLE_BOS_VARIANT}")
     if growth is not None and "resid.growth" in fig:
         add("the residual stream grows many times", f"x{fig['resid.growth']:,.0f}",
