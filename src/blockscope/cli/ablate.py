@@ -153,7 +153,7 @@ def decomposed(o: Ablate, run, started: float) -> None:
     frames = {"": df} | ({"-tokens": tokens} if o.per_token else {})
     extra = {}
     if o.out.plot:
-        from blockscope.results.plots import decompose_plot
+        from blockscope.results.decompose_plots import decompose_plot
 
         extra[f"{stem}.png"] = decompose_plot(df, f"{run.spec.label}, {SHOWN[part]} "
                                               f"({method}): where the logit change comes from")
