@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from blockscope.interventions import Rearrange, RemoveWrite, ScaleHeads, SkipBlock, hooks
+from blockscope.interventions import ScaleHeads, hooks
 from blockscope.model import arch
 from blockscope.sweeps import clean, engine, replay, steps
 from blockscope.sweeps.sweep import Variant
@@ -22,50 +22,73 @@ def start(model, lay: arch.Layout, v: Variant, base: tuple = ()) -> engine.Start
     carried into the stream (as is for a write, through W_O for heads' z).
 
     One intervention in a block no user's hook sits in enters as late as the layout allows
-    (see engine.py); anything else enters at the first block it touches with the
-    interventions' own hooks on, which is the naive loop's run from that block on."""
+    (see engine.py), chosen by the site it writes (`component`: its hook point), never by
+    its class; anything else enters at the first block it touches with the interventions'
+    own hooks on, which is the naive loop's run from that block on."""
     first = min(e.layer for e in v.edits)
     generic = engine.Start(v.label, first, lambda c: c.entering(first), hooks=hooks(v.edits))
     if len(v.edits) > 1 and _skips_only(v) and not any(replay.hooked(b) for b in model.blocks):
         return _blocks_start(len(model.blocks), v, base)
     if len(v.edits) != 1 or replay.hooked(model.blocks[first]):
         return generic
-    e = v.edits[0]
+    entry = _ENTRIES.get(v.edits[0].component)
+    return (entry(model, lay, v.label, v.edits[0]) if entry else None) or generic
+
+
+def _arrangement(model, lay, label, e) -> engine.Start:
+    """The window's output, its blocks run as the replay runs them."""
     k = e.layer
-    if isinstance(e, Rearrange):  # the window's output, its blocks run as the replay runs
-        return engine.Start(v.label, e.last + 1, lambda c, plain: e.apply(
-            c.entering(k), lambda j, x: steps.block_step(model, c, j, x, plain)),
-            kind="rearranged", with_plain=True)
-    if isinstance(e, SkipBlock):  # the block's output, from what it received
-        return engine.Start(v.label, k + 1, lambda c: e.apply(c.entering(k + 1), c.pre[k]),
-                            kind="block")
-    if isinstance(e, RemoveWrite) and lay.parallel:  # output + (write' - write)
+    return engine.Start(label, e.last + 1, lambda c, plain: e.apply(
+        c.entering(k), lambda j, x: steps.block_step(model, c, j, x, plain)),
+        kind="rearranged", with_plain=True)
+
+
+def _block(model, lay, label, e) -> engine.Start:
+    """The block's output (its resid_post), from what it received (its resid_pre)."""
+    k = e.layer
+    return engine.Start(label, k + 1, lambda c: e.apply(c.entering(k + 1), c.pre[k]),
+                        kind="block")
+
+
+def _write(model, lay, label, e) -> engine.Start | None:
+    """A half's write to the stream (hook_attn_out / hook_mlp_out) replaced."""
+    k = e.layer
+    if lay.parallel:  # output + (write' - write)
         write = f"hook_{e.part}_out"
-        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + _change(
+        return engine.Start(label, k + 1, lambda c: c.entering(k + 1) + _change(
             e, c.act(write, k)), relies_on="halves", kind="half")
-    if isinstance(e, RemoveWrite) and e.part == "mlp":  # sequential: mid + write', the
-        def after_mlp(c):  # MLP's write being what it added to the mid residual
+    if e.part == "mlp":  # sequential: mid + write', the MLP's write being what it added
+        def after_mlp(c):  # to the mid residual
             mid = c.act("hook_resid_mid", k)
             return mid + e.apply(c.entering(k + 1) - mid)
 
-        return engine.Start(v.label, k + 1, after_mlp, kind="mlp")
+        return engine.Start(label, k + 1, after_mlp, kind="mlp")
     if not lay.mlp_alone:  # no entry at the mid residual
-        return generic
-    if isinstance(e, RemoveWrite):  # sequential attn: mid := input + write', the MLP half
-        return engine.Start(v.label, k, lambda c: c.pre[k] + e.apply(
-            c.act("hook_resid_mid", k) - c.pre[k]), mid=True, kind="attn")
-    if not lay.linear_heads:
-        return generic
+        return None
+    return engine.Start(label, k, lambda c: c.pre[k] + e.apply(  # mid := input + write'
+        c.act("hook_resid_mid", k) - c.pre[k]), mid=True, kind="attn")
+
+
+def _heads(model, lay, label, e) -> engine.Start | None:
+    """Heads' z scaled, its change carried through W_O where the layout is linear in it."""
+    if not (lay.mlp_alone and lay.linear_heads):
+        return None
+    k = e.layer
     delta = _heads_change(model, e)
     if lay.parallel:
-        return engine.Start(v.label, k + 1, lambda c: c.entering(k + 1) + delta(c),
+        return engine.Start(label, k + 1, lambda c: c.entering(k + 1) + delta(c),
                             relies_on="heads", kind="heads")
-    return engine.Start(v.label, k, lambda c: c.act("hook_resid_mid", k) + delta(c),
+    return engine.Start(label, k, lambda c: c.act("hook_resid_mid", k) + delta(c),
                         mid=True, relies_on="heads", kind="heads")
 
 
+# The entry for one edit, by the site it writes; a site not here enters with its hooks.
+_ENTRIES = {"arrangement": _arrangement, "block": _block, "attn": _write, "mlp": _write,
+            "heads": _heads}
+
+
 def _skips_only(v: Variant) -> bool:
-    return all(isinstance(e, SkipBlock) for e in v.edits)
+    return all(e.component == "block" for e in v.edits)
 
 
 def shared_skips(variants: Sequence[Variant]) -> tuple:
