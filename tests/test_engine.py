@@ -49,8 +49,7 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("part", ["block", "attn", "mlp"])
-@pytest.mark.parametrize("method", ["zero", "mean"])
-@pytest.mark.parametrize("batch_size", [1, None])  # one at a time; all in one batch
+@pytest.mark.parametrize("method, batch_size", [("zero", None), ("mean", 1)])  # None: one batch
 def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size, naive_of):
     naive = naive_of(("blocks", ids.shape[-1], part, method), lambda: block_ablation(
         tiny, ids, part=part, method=method, stride=100, engine="naive"))
@@ -60,8 +59,7 @@ def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size, naive_of)
     assert naive[["layer", "part", "method"]].equals(fast[["layer", "part", "method"]])
 
 
-@pytest.mark.parametrize("method", ["zero", "mean"])
-@pytest.mark.parametrize("batch_size", [1, 5])  # 5: a short last batch (12 heads)
+@pytest.mark.parametrize("method, batch_size", [("zero", 5), ("mean", 1)])  # 5 of 12: a short
 def test_single_head_sweep_equals_naive(tiny, ids, method, batch_size, naive_of):
     naive = naive_of(("heads", ids.shape[-1], method), lambda: heads_sweep(
         tiny, ids, method=method, stride=100, engine="naive"))

@@ -39,8 +39,7 @@ def test_an_edit_is_defined_once_as_hooks():
 
 
 @pytest.mark.parametrize("point", ["blocks.1.hook_resid_post", "blocks.1.hook_resid_mid",
-                                   "blocks.1.attn.hook_z", "blocks.1.hook_resid_pre",
-                                   "blocks.0.hook_resid_pre"])
+                                   "blocks.1.attn.hook_z", "blocks.0.hook_resid_pre"])
 def test_a_users_hook_gives_the_same_numbers_through_the_engine(tiny, ids, point):
     # a shift along a fixed direction: a scale or a uniform shift would vanish in a norm
     direction = torch.linspace(-1.0, 1.0, tiny.cfg.d_model)
