@@ -448,7 +448,7 @@ def test_help_never_cuts_an_option_or_a_default(columns):
 
     text = helped("reproduce")
     assert "--norm-placement / --no-norm-placement" in text
-    assert "[default: experiments/article.toml]" in " ".join(text.split())
+    assert "(default: the copy shipped inside the package)" in " ".join(text.split())
     for info in typer_app.registered_commands:
         name = info.name or info.callback.__name__.replace("_", "-")
         text = helped(name)

@@ -19,7 +19,7 @@ from blockscope.experiments.reproduce import (
 from .builders import tiny_reference
 from .conftest import REPO, result
 
-ARTICLE = REPO / "experiments" / "article.toml"
+ARTICLE = REPO / "src" / "blockscope" / "data" / "article.toml"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -123,19 +123,15 @@ def test_bad_reference(tmp_path):
 
 
 def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
-    """After a plain `pip install .` there is no experiments/ folder: the packaged copy,
-    the same bytes as experiments/article.toml, is found from any folder."""
-    from importlib.resources import files
-
-    from blockscope.experiments import article
+    """There is one copy of the article's figures, in the package: found from any folder
+    (no checkout around it), with its passage resolved beside it."""
     from blockscope.experiments import reproduce as rp
 
-    packaged = Path(str(files("blockscope") / "data" / "article.toml"))
-    assert packaged.read_bytes() == (REPO / rp.DEFAULT_REFERENCE).read_bytes()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(article, "SOURCE_TREE", tmp_path)  # no checkout around it
-    settings, figures = rp.load_reference(rp.DEFAULT_REFERENCE)
+    assert not (REPO / "experiments" / "article.toml").exists()
+    settings, figures = rp.load_reference()
     assert figures and Path(settings["ablate"]["text"]).is_file()
+    assert rp.packaged_reference().is_file()
 
 
 def test_one_experiments_figures_share_their_decimals():

@@ -37,8 +37,9 @@ class Reproduce(Options):
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Hub id or checkpoint directory (default: the reference's "
         "model).")] = None
-    reference: Annotated[Path, typer.Option(help="The article's settings and figures.")
-                         ] = Path("experiments/article.toml")  # as article.DEFAULT_REFERENCE
+    reference: Annotated[Path | None, typer.Option(
+        help="A TOML file of the article's settings and figures (default: the copy "
+        "shipped inside the package).")] = None
     prune: Annotated[bool, flag("--prune/--no-prune", help="Run the pruning curve for "
                                 "prune-heads' headline (the slowest part).")] = True
     norm: Annotated[bool, flag("--norm-placement/--no-norm-placement", help="Run "
@@ -66,7 +67,8 @@ def reproduce(o: Reproduce) -> None:
     from blockscope.results.render import Stages
 
     started = time.perf_counter()
-    settings, figures = rp.load_reference(o.reference)
+    reference = o.reference or rp.packaged_reference()
+    settings, figures = rp.load_reference(reference)
     if not o.prune:
         settings.pop("prune_heads", None)
     spec, article_model, other = model_spec(o, settings)
@@ -80,7 +82,7 @@ def reproduce(o: Reproduce) -> None:
     stem = f"reproduce-{spec.slug}"
     pictures = plots(r.frames, spec.name, stem) if o.out.plot else {}
     digest = settings_digest(o)
-    report = markdown(r.table, spec.name, o.reference, r.best, r.headline, missing,
+    report = markdown(r.table, spec.name, reference, r.best, r.headline, missing,
                       [digested(p, digest) for p in pictures], other,
                       sections.claims_section(r.model_claims, other)
                       + sections.roles_section(settings, r.roles, spec.name)
@@ -91,7 +93,7 @@ def reproduce(o: Reproduce) -> None:
         render(r.table, r.best, r.headline, other)
         render_sections(r)
     records = lambda df: None if df is None else df.to_dict(orient="records")  # noqa: E731
-    meta = sidecar(command="reproduce", model=model_record(spec, lm), reference=str(o.reference),
+    meta = sidecar(command="reproduce", model=model_record(spec, lm), reference=str(reference),
                    article_model=article_model, other_model=bool(other),
                    claims=records(r.model_claims), model_loaded=lm is not None,
                    missing=missing, best_resid_variant=r.best, prune_headline=r.headline,
@@ -121,9 +123,9 @@ def load_or_missing(o: Reproduce, spec):
         return load(spec, o.allow_pickle, o.out.quiet), None
     except ModelUnavailable as exc:
         if not o.out.quiet:
-            err.print(styled("without the model: ", "yellow", str(exc)), highlight=False,
+            err.print(styled("without the model: ", "yellow", exc.as_flag()), highlight=False,
                       soft_wrap=True)
-        return None, str(exc)
+        return None, exc.as_flag()
 
 
 def shape_stand_in(quiet: bool):

@@ -1,4 +1,4 @@
-"""The article's figures and settings, kept as data (experiments/article.toml): what
+"""The article's figures and settings, kept as data (the package's data/article.toml): what
 `reproduce` sets its measurements beside. Nothing here is ever shown as measured."""
 
 from __future__ import annotations
@@ -54,24 +54,18 @@ class Figure:
         return abs(measured - self.value) <= self.tolerance * (1 + 1e-9)
 
 
-DEFAULT_REFERENCE = Path("experiments/article.toml")
-SOURCE_TREE = Path(__file__).resolve().parents[3]  # a checkout's root (editable install)
+def packaged_reference() -> Path:
+    """The article's settings and figures as shipped in the package (data/article.toml)."""
+    from importlib.resources import files
+
+    return Path(str(files("blockscope") / "data" / "article.toml"))
 
 
-def load_reference(path: str | Path) -> tuple[dict, list[Figure]]:
-    """(settings, figures) from a TOML reference file like experiments/article.toml.
-
-    The default path is looked up in the current directory, then in the source tree this
-    package runs from, then in the installed package (a copy of experiments/article.toml
-    that a test holds equal to it); text paths inside resolve the same way (the
-    reference's own tree)."""
-    p = Path(path)
-    if p == DEFAULT_REFERENCE and not p.exists():
-        from importlib.resources import files
-
-        found = [q for q in (SOURCE_TREE / p, Path(str(files("blockscope") / "data" / p.name)))
-                 if q.exists()]
-        p = found[0] if found else p
+def load_reference(path: str | Path | None = None) -> tuple[dict, list[Figure]]:
+    """(settings, figures) from a TOML reference file, by default the packaged
+    `packaged_reference()`. A relative text path inside it resolves from the file's own tree
+    (data/alice.txt beside data/article.toml's parent) when it is not found as given."""
+    p = packaged_reference() if path is None else Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -15,10 +15,10 @@ import pandas as pd
 import torch
 
 from blockscope.experiments.article import (  # noqa: F401  (the reference's face)
-    DEFAULT_REFERENCE,
     UNITS,
     Figure,
     load_reference,
+    packaged_reference,
 )
 
 RESID_VARIANTS = [(False, False), (True, False), (False, True), (True, True)]  # (bos, processed)

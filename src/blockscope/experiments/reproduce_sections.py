@@ -2,7 +2,7 @@
 any model, pre- vs post-norm (`norm-placement`'s claims) and known head roles (references,
 not the article's).
 
-The measures take the reference's settings (experiments/article.toml) and return
+The measures take the reference's settings (src/blockscope/data/article.toml) and return
 DataFrames; the `*_section` functions turn them into the report's markdown lines."""
 
 from __future__ import annotations
