@@ -127,7 +127,7 @@ def test_every_local_format_gives_the_same_documents(tiny, tmp_path, jsonl, text
 @pytest.mark.parametrize("source, message", [
     (dict(column="body"), "no column 'body'; it has text, n"),
     (dict(split="test"), "a local file has one split, train"),
-    (dict(n_tokens=0), "--n-tokens must be at least 1"),
+    (dict(n_tokens=0), "n_tokens must be at least 1"),
 ])
 def test_bad_corpus_options(tiny, jsonl, source, message):
     with pytest.raises(BlockscopeError, match=message):

@@ -112,7 +112,7 @@ def test_prune_heads_and_resid_norm_take_a_dataset(run, tiny_dir, tmp_path, corp
     (["--dataset", "{corpus}", "--split", "validation"], "one split, train"),
     (["--dataset", "{empty}"], "no non-empty documents"),
     (["--dataset", "{corpus}", "--text", ALICE], "not both"),
-    (["--dataset", "{corpus}", "--max-tokens", 50], "--max-tokens cuts a --text"),
+    (["--dataset", "{corpus}", "--max-tokens", 50], "--max-tokens cuts a --text; with --dataset give --n-tokens"),
     (["--n-tokens", 50], "--n-tokens goes with --dataset"),
     (["--dataset", "{corpus}", "--n-docs", 0], "--n-docs must be at least 1"),
 ])
@@ -124,6 +124,18 @@ def test_bad_corpus_input_one_line_nothing_written(run, tiny_dir, tmp_path, corp
     line = one_error_line(run("ablate", "--model", tiny_dir, "--out-dir", out_dir, *args))
     assert message in line
     assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_malformed_json_lines_corpus_is_refused_before_loading(run, tmp_path, suffix):
+    """The file is read before the model loads (the model named here does not exist, so a
+    load would fail differently), and the refusal names the file and the line."""
+    bad = tmp_path / f"broken{suffix}"
+    bad.write_text('{"text": "one"}\n\n{"text": "two"\n{"text": "three"}\n', encoding="utf-8")
+    line = one_error_line(run("ablate", "--dataset", bad, "--model", tmp_path / "no-model",
+                              "--out-dir", tmp_path / "r"))
+    assert f"--dataset {bad}: line 3 is not JSON" in line
+    assert not (tmp_path / "r").exists()
 
 
 def torchrun(*args, env=None):

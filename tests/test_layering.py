@@ -7,6 +7,7 @@ A module imports only from its own layer or the layers below, and no two modules
 each other, however indirectly."""
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src" / "blockscope"
@@ -55,8 +56,11 @@ def layer(name: str) -> int:
     return index
 
 
-def test_every_module_has_a_layer():
-    assert all(layer(name) is not None for name in modules())
+def test_every_module_has_exactly_one_layer():
+    placed = {name: [i for i, group in enumerate(LAYERS) if name.split(".")[0] in group]
+              for name in modules()}
+    assert {name: found for name, found in placed.items() if len(found) != 1} == {}
+    assert {"cli", "sweeps", "inputs.corpus"} <= set(placed)  # modules() sees the tree
 
 
 def test_no_module_imports_from_a_layer_above_it():
@@ -81,3 +85,27 @@ def test_no_import_cycles():
         if name not in done:
             visit(name, [name])
     assert not cycles, sorted(set(cycles))
+
+
+def _message(node: ast.expr) -> str:
+    """A raised message's literal text: an f-string's constant parts, `{}` for the rest."""
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return "".join(_message(v) for v in ast.iter_child_nodes(node)) if not isinstance(
+        node, ast.Constant) else (node.value if isinstance(node.value, str) else "")
+
+
+def test_library_errors_name_parameters_not_flags():
+    """Outside cli/, a message names a parameter in backticks (`stride`; errors.BadValue
+    shows it as --stride on the command line), never a flag: a library user has no flags.
+    Text inside backticks (a shell command to run) is left alone."""
+    flagged = []
+    for name, path in modules().items():
+        if layer(name) == layer("cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                text = re.sub(r"`[^`]*`", "", _message(node.exc))
+                if re.search(r"(?<![\w-])--[a-z]", text):
+                    flagged.append(f"{name}:{node.lineno}")
+    assert flagged == []

@@ -33,8 +33,9 @@ def pickle_only_copy(tiny_dir, tmp_path):
 
 def test_pickle_weights_refused_unless_allowed(tiny_dir, tmp_path, hf):
     d = pickle_only_copy(tiny_dir, tmp_path)
-    with pytest.raises(BlockscopeError, match="--allow-pickle"):
+    with pytest.raises(BlockscopeError, match="pass allow_pickle") as refused:
         load_model(spec_for(str(d), device="cpu"))
+    assert "pass --allow-pickle" in refused.value.as_flag()  # as the command line says it
     model = load_model(spec_for(str(d), device="cpu"), allow_pickle=True)
     ids = torch.tensor([[50256, 464, 3139, 286, 4881, 318]])
     with torch.no_grad():
@@ -60,13 +61,14 @@ def test_truncated_weights(tiny_dir, tmp_path):
 
 
 def test_unknown_model_offline_names_it_and_the_way_out():
-    with pytest.raises(BlockscopeError, match="no-such-org/no-such-model.*--model"):
+    with pytest.raises(BlockscopeError, match="no-such-org/no-such-model.*run with model ") as e:
         load_model(spec_for("no-such-org/no-such-model", device="cpu"))
+    assert "run with --model smollm2-135m" in e.value.as_flag()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("device, message", [("cuda", "no CUDA"), ("cuda:3", "no CUDA"),
-                                             ("tpu9", "unknown --device")])
+                                             ("tpu9", "unknown device")])
 def test_devices_this_machine_lacks(device, message):
     with pytest.raises(BlockscopeError, match=message):
         resolve_device(device)

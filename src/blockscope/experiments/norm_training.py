@@ -64,8 +64,8 @@ def batches(data: torch.Tensor, tc: TrainConfig) -> torch.Tensor:
     """(steps, batch_size, seq_len + 1) windows of `data` (N,), drawn once from the seed:
     the same batches for every run."""
     if data.numel() < tc.seq_len + 2:
-        raise BlockscopeError(f"the text has {data.numel()} tokens: training needs more than "
-                              f"--seq-len + 1 = {tc.seq_len + 1}")
+        raise BadValue(f"the text has {data.numel()} tokens: training needs more than "
+                              f"`seq_len` + 1 = {tc.seq_len + 1}")
     gen = torch.Generator().manual_seed(tc.seed)
     starts = torch.randint(0, data.numel() - tc.seq_len, (tc.steps, tc.batch_size), generator=gen)
     return data[starts[..., None] + torch.arange(tc.seq_len + 1)]

@@ -1,7 +1,7 @@
 """Where the text comes from and how it is tokenized: one `Source`, passed down as `Docs`.
 
-A source is one text file (`--text`: one passage, resampled in 128-token chunks) or a corpus
-that `datasets` loads with its own loaders (`--dataset`): a hub id (streamed), a local
+A source is one text file (`text`: one passage, resampled in 128-token chunks) or a corpus
+that `datasets` loads with its own loaders (`dataset`): a hub id (streamed), a local
 `.txt` (one document per blank-line-separated paragraph), `.jsonl`/`.json`, `.csv` or
 `.parquet` file, a directory of `.txt` files (one document per file) or a dataset saved with
 `save_to_disk`. Documents are taken in order (or shuffled with a seed) until the token budget
@@ -12,13 +12,14 @@ scored alone, with BOS before it when asked.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 from blockscope.inputs.parallel import Comm
 
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
@@ -40,7 +41,7 @@ class Source:
     shuffle: bool = False  # sample documents with `seed` instead of taking them in order
     seed: int = 0  # the shuffle's seed
     prepend_bos: bool = True  # BOS before each document (and before the passage)
-    max_tokens: int | None = None  # --text only: its first N tokens
+    max_tokens: int | None = None  # `text` only: its first N tokens
 
     @property
     def stem(self) -> str:
@@ -75,24 +76,54 @@ def as_docs(tokens) -> Docs:
 def check(source: Source) -> None:
     """Refuse contradictory or out-of-range options before anything loads."""
     if (source.text is None) == (source.dataset is None):
-        raise BlockscopeError("give --text FILE or --dataset SOURCE, not both" if source.text
-                              else "give --text FILE or --dataset SOURCE")
+        raise BadValue("give `text` or `dataset`, not both" if source.text
+                       else "give `text` or `dataset`")
     if source.text is not None:
-        only = [o for o, v in (("--config", source.config), ("--split", source.split),
-                               ("--revision", source.revision), ("--n-tokens", source.n_tokens),
-                               ("--n-docs", source.n_docs), ("--shuffle", source.shuffle or None))
+        only = [o for o, v in (("config", source.config), ("split", source.split),
+                               ("revision", source.revision), ("n_tokens", source.n_tokens),
+                               ("n_docs", source.n_docs), ("shuffle", source.shuffle or None))
                 if v is not None]
         if only:
-            raise BlockscopeError(f"{only[0]} goes with --dataset, not --text")
+            raise BadValue(f"`{only[0]}` goes with `dataset`, not `text`")
     elif source.max_tokens is not None:
-        raise BlockscopeError("--max-tokens cuts a --text; with --dataset give --n-tokens")
+        raise BadValue("`max_tokens` cuts a `text`; with `dataset` give `n_tokens`")
     if source.dataset is not None and not Path(source.dataset).expanduser().exists() and (
             Path(source.dataset).suffix.lower() in FILE_BUILDERS
             or source.dataset.startswith((".", "/", "~")) or source.dataset.count("/") >= 2):
-        raise BlockscopeError(f"--dataset {source.dataset}: no such file or directory")
-    for name, value in (("--n-tokens", source.n_tokens), ("--n-docs", source.n_docs)):
+        raise BadValue(f"`dataset` {source.dataset}: no such file or directory")
+    for name, value in (("n_tokens", source.n_tokens), ("n_docs", source.n_docs)):
         if value is not None and value < 1:
-            raise BlockscopeError(f"{name} must be at least 1 (got {value})")
+            raise BadValue(f"`{name}` must be at least 1 (got {value})")
+    if source.dataset is not None:
+        _check_json_lines(Path(source.dataset).expanduser())
+
+
+def _check_json_lines(path: Path) -> None:
+    """A local JSON lines file parses line by line, or the first line that does not is
+    named: read before the model loads (`datasets` would say only that generating the
+    dataset failed)."""
+    if path.suffix.lower() not in (".jsonl", ".json") or not path.is_file():
+        return
+    try:
+        with path.open(encoding="utf-8") as f:
+            head = f.read(1).lstrip()
+            if path.suffix.lower() == ".json" and head in ("[", "{", ""):
+                f.seek(0)
+                try:
+                    json.load(f)  # one JSON document (a list of records): datasets reads it
+                    return
+                except json.JSONDecodeError:
+                    f.seek(0)  # or JSON lines in a .json file: say which line fails
+            f.seek(0)
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise BadValue(f"`dataset` {path}: line {n} is not JSON ({exc.msg}, "
+                                       f"column {exc.colno})") from None
+    except UnicodeDecodeError as exc:
+        raise BadValue(f"`dataset` {path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
 
 
 def _local_kind(path: Path) -> str:
@@ -101,10 +132,10 @@ def _local_kind(path: Path) -> str:
             return "saved"
         if any(path.glob("*.txt")):
             return "text directory"
-        raise BlockscopeError(f"--dataset {path}: a directory with neither .txt files nor a "
+        raise BadValue(f"`dataset` {path}: a directory with neither .txt files nor a "
                               "dataset saved with save_to_disk")
     if path.suffix.lower() not in FILE_BUILDERS:
-        raise BlockscopeError(f"--dataset {path}: not a {', '.join(FILE_BUILDERS)} file")
+        raise BadValue(f"`dataset` {path}: not a {', '.join(FILE_BUILDERS)} file")
     return "file"
 
 
@@ -129,22 +160,22 @@ def _open(source: Source):
             return ds, record
         kind = _local_kind(path)
         if source.config is not None or source.revision is not None:
-            raise BlockscopeError("--config and --revision go with a hub dataset, not a "
+            raise BadValue("`config` and `revision` go with a hub dataset, not a "
                                   f"local one ({path})")
         if kind == "saved":
             ds = datasets.load_from_disk(str(path))
             if isinstance(ds, datasets.DatasetDict):
                 split = source.split or (next(iter(ds)) if len(ds) == 1 else None)
                 if split not in ds:
-                    raise BlockscopeError(f"--dataset {path}: no split {split!r}; it has "
-                                          f"{', '.join(ds)}" if split else f"--dataset {path}"
-                                          f": give --split, one of {', '.join(ds)}")
+                    raise BadValue(f"`dataset` {path}: no split {split!r}; it has "
+                                   f"{', '.join(ds)}" if split else f"`dataset` {path}"
+                                   f": give `split`, one of {', '.join(ds)}")
                 ds = ds[split]
             else:
                 split = source.split or "train"
         else:
             if source.split not in (None, "train"):
-                raise BlockscopeError(f"--split {source.split}: a local file has one split, "
+                raise BadValue(f"`split` {source.split}: a local file has one split, "
                                       "train")
             files = sorted(str(p) for p in path.glob("*.txt")) if kind == "text directory" \
                 else str(path)
@@ -161,13 +192,13 @@ def _open(source: Source):
     except BlockscopeError:
         raise
     except (ConnectionError, FileNotFoundError) as exc:
-        raise BlockscopeError(f"--dataset {source.dataset}: cannot load it "
+        raise BadValue(f"`dataset` {source.dataset}: cannot load it "
                               f"({_first_line(exc)})")
     except ValueError as exc:  # an unknown split or config, or an unreadable file
-        raise BlockscopeError(f"--dataset {source.dataset}: {_first_line(exc)}")
+        raise BadValue(f"`dataset` {source.dataset}: {_first_line(exc)}")
     except (datasets.exceptions.DatasetsError, pyarrow.ArrowException, OSError) as exc:
         # datasets' own (DatasetGenerationError, ...), Arrow's, and the hub's HTTP errors
-        raise BlockscopeError(f"--dataset {source.dataset}: cannot read it "
+        raise BadValue(f"`dataset` {source.dataset}: cannot read it "
                               f"({type(exc).__name__}: {_first_line(exc)})")
 
 
@@ -212,11 +243,11 @@ def load_docs(source: Source, tokenizer, comm: Comm | None = None) -> Docs:
                                              else {}))
     columns = getattr(ds, "column_names", None)
     if columns is not None and source.column not in columns:
-        raise BlockscopeError(f"--dataset {source.dataset}: no column {source.column!r}; "
-                              f"it has {', '.join(columns)} (choose one with --column)")
+        raise BadValue(f"`dataset` {source.dataset}: no column {source.column!r}; "
+                              f"it has {', '.join(columns)} (choose one with `column`)")
     bos = [tokenizer.bos_token_id] if source.prepend_bos else []
     if source.prepend_bos and tokenizer.bos_token_id is None:
-        raise BlockscopeError("the tokenizer has no BOS token; use --no-prepend-bos")
+        raise BadValue("the tokenizer has no BOS token; use `no_prepend_bos`")
     need = 1 if source.prepend_bos else 2  # text tokens for at least one scored token
     all_ids, empty, short, cut, left = [], 0, 0, False, source.n_tokens
     digest = hashlib.sha256()
@@ -228,10 +259,10 @@ def load_docs(source: Source, tokenizer, comm: Comm | None = None) -> Docs:
                 break
             text = row.get(source.column)
             if text is None and source.column not in row:
-                raise BlockscopeError(f"--dataset {source.dataset}: no column "
+                raise BadValue(f"`dataset` {source.dataset}: no column "
                                       f"{source.column!r}; it has {', '.join(row)}")
             if not isinstance(text, str):
-                raise BlockscopeError(f"--dataset {source.dataset}: column {source.column!r} "
+                raise BadValue(f"`dataset` {source.dataset}: column {source.column!r} "
                                       f"holds {type(text).__name__}, not text")
             if not text.strip():
                 empty += 1
@@ -251,10 +282,10 @@ def load_docs(source: Source, tokenizer, comm: Comm | None = None) -> Docs:
     except BlockscopeError:
         raise
     except (ConnectionError, ValueError, OSError) as exc:
-        raise BlockscopeError(f"--dataset {source.dataset}: cannot read it "
+        raise BadValue(f"`dataset` {source.dataset}: cannot read it "
                               f"({_first_line(exc)})")
     if not all_ids:
-        raise BlockscopeError(f"--dataset {source.dataset}: no non-empty documents "
+        raise BadValue(f"`dataset` {source.dataset}: no non-empty documents "
                               f"({empty} empty, {short} too short to score)")
     n_text = sum(d.shape[1] for d in all_ids) - len(all_ids) * len(bos)
     record.update(

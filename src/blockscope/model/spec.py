@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -56,18 +56,18 @@ def resolve_device(device: str) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise BlockscopeError(f"unknown --device {device!r} (try auto, cpu, cuda, cuda:1, mps)")
+        raise BadValue(f"unknown `device` {device!r} (try auto, cpu, cuda, cuda:1, mps)")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise BlockscopeError(f"--device {device}: no CUDA device is available here")
+            raise BadValue(f"`device` {device}: no CUDA device is available here")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise BlockscopeError(
-                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here"
+            raise BadValue(
+                f"`device` {device}: only {torch.cuda.device_count()} CUDA device(s) here"
             )
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise BlockscopeError(f"--device {device}: MPS is not available here")
+        raise BadValue(f"`device` {device}: MPS is not available here")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise BlockscopeError(f"--device {device}: unsupported device type {dev.type!r}")
+        raise BadValue(f"`device` {device}: unsupported device type {dev.type!r}")
     return str(dev)
 
 
@@ -75,7 +75,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise BlockscopeError(f"unknown --dtype {dtype!r} (choose {', '.join(DTYPES)})")
+        raise BadValue(f"unknown `dtype` {dtype!r} (choose {', '.join(DTYPES)})")
 
 
 def looks_like_path(name: str) -> bool:
@@ -115,7 +115,7 @@ def resolve(
                          fetched=name, **extra)
     if path.exists() or looks_like_path(name):
         if not path.exists():
-            raise BlockscopeError(f"--model {name}: no such directory")
+            raise BadValue(f"`model` {name}: no such directory")
         return ModelSpec(name, str(path.resolve()), True, dev, dtype, processed, **extra)
     from transformer_lens.tools.model_registry.registry_io import resolve_model_alias
 

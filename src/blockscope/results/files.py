@@ -11,24 +11,24 @@ from pathlib import Path
 import pandas as pd
 
 from blockscope import versions
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
     """Refuse an --out-dir that cannot be written, without creating anything yet."""
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
-        raise BlockscopeError(f"--out-dir {path}: exists and is not a directory")
+        raise BadValue(f"`out_dir` {path}: exists and is not a directory")
     probe = path
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise BlockscopeError(f"--out-dir {path}: not writable")
+        raise BadValue(f"`out_dir` {path}: not writable")
     try:  # access() says yes to root everywhere (/proc too): create a file to be sure
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as exc:
-        raise BlockscopeError(f"--out-dir {path}: not writable ({exc.strerror or exc})")
+        raise BadValue(f"`out_dir` {path}: not writable ({exc.strerror or exc})")
     return path
 
 
@@ -47,7 +47,7 @@ def write_outputs(out_dir: Path, files: dict) -> list[Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BlockscopeError(f"--out-dir {out_dir}: cannot create it ({exc.strerror})")
+        raise BadValue(f"`out_dir` {out_dir}: cannot create it ({exc.strerror})")
     _sweep_stale(out_dir)
     mode = 0o666 & ~_umask()  # what open() would give: mkstemp makes 0600 files
     staged: list[tuple[str, Path]] = []

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from blockscope.allocator import release
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
 from blockscope.interventions import resample
@@ -37,7 +37,7 @@ ENGINES = ("cached", "naive")
 
 def check_engine(name: str) -> None:
     if name not in ENGINES:
-        raise BlockscopeError(f"--engine must be one of {', '.join(ENGINES)}")
+        raise BadValue(f"`engine` must be one of {', '.join(ENGINES)}")
 
 
 @dataclass
@@ -108,14 +108,14 @@ def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
 
 def _check_resample(model, docs) -> None:
     if docs.comm.size > 1:
-        raise BlockscopeError("--method resample runs in one process (a document's partner "
+        raise BadValue("`method` resample runs in one process (a document's partner "
                               "may be another rank's)")
     if len(docs.ids) < 2:
-        raise BlockscopeError("--method resample needs a corpus of 2 or more documents "
-                              "(--dataset): each takes another's activations")
+        raise BadValue("`method` resample needs a corpus of 2 or more documents "
+                              "(`dataset`): each takes another's activations")
     longest = max(ids.shape[-1] for ids in docs.ids)
     if longest > model.cfg.n_ctx:
-        raise BlockscopeError(f"--method resample takes documents within the context "
+        raise BadValue(f"`method` resample takes documents within the context "
                               f"({model.cfg.n_ctx} tokens); one has {longest}")
 
 
