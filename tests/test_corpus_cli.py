@@ -112,7 +112,8 @@ def test_prune_heads_and_resid_norm_take_a_dataset(run, tiny_dir, tmp_path, corp
     (["--dataset", "{corpus}", "--split", "validation"], "one split, train"),
     (["--dataset", "{empty}"], "no non-empty documents"),
     (["--dataset", "{corpus}", "--text", ALICE], "not both"),
-    (["--dataset", "{corpus}", "--max-tokens", 50], "--max-tokens cuts a --text; with --dataset give --n-tokens"),
+    (["--dataset", "{corpus}", "--max-tokens", 50],
+     "--max-tokens cuts a --text; with --dataset give --n-tokens"),
     (["--n-tokens", 50], "--n-tokens goes with --dataset"),
     (["--dataset", "{corpus}", "--n-docs", 0], "--n-docs must be at least 1"),
 ])

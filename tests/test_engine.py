@@ -6,7 +6,7 @@ import torch
 from blockscope.experiments.ablate import block_ablation
 from blockscope.experiments.heads import head_importance, one_head_per_layer
 from blockscope.experiments.heads import single_head_ablation as heads_sweep
-from blockscope.experiments.pruning import pruning_curve
+from blockscope.experiments.prune_heads import pruning_curve
 from blockscope.inputs.text import tokenize
 from blockscope.sweeps.clean import clean_pass
 from blockscope.sweeps.engine import CPU_BATCH, default_batch_size

@@ -14,7 +14,7 @@ import torch
 
 from blockscope.experiments.ablate import block_ablation
 from blockscope.experiments.heads import single_head_ablation
-from blockscope.experiments.pruning import pruning_curve
+from blockscope.experiments.prune_heads import pruning_curve
 from blockscope.experiments.resid_norm import resid_norms
 from blockscope.experiments.shapes import block_shapes
 from blockscope.inputs.text import tokenize

@@ -89,7 +89,7 @@ def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
 
 def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
     """A pruning curve scores many masks from the same clean passes: one self-check each."""
-    from blockscope.experiments.pruning import pruning_curve
+    from blockscope.experiments.prune_heads import pruning_curve
     from blockscope.sweeps import selfcheck
 
     calls = []

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from blockscope.errors import BadValue
-from blockscope.experiments.pruning import prunable, pruning_curve
+from blockscope.experiments.prune_heads import prunable, pruning_curve
 from blockscope.inputs.text import tokenize
 from blockscope.sweeps.sweep import model_windows, token_nll
 

@@ -127,7 +127,8 @@ def test_named_gpt2_is_never_substituted(offline_model, tmp_path):
     assert res.exit_code == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "--model smollm2-135m" in lines[0]
-    assert "see docs/models.md" in lines[0] and "run with --model smollm2-135m" in lines[0] and not any(tmp_path.iterdir())
+    assert "see docs/models.md" in lines[0] and "run with --model smollm2-135m" in lines[0]
+    assert not any(tmp_path.iterdir())
 
 
 def test_bos_token_is_chosen_recorded_and_can_be_overridden(offline_model, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from blockscope.cli import app
-from blockscope.experiments.reproduce import (
+from blockscope.experiments.reproduce.figures import (
     Figure,
     compare,
     gpt2_shape_model,
@@ -125,7 +125,7 @@ def test_bad_reference(tmp_path):
 def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
     """There is one copy of the article's figures, in the package: found from any folder
     (no checkout around it), with its passage resolved beside it."""
-    from blockscope.experiments import reproduce as rp
+    from blockscope.experiments.reproduce import figures as rp
 
     monkeypatch.chdir(tmp_path)
     assert not (REPO / "experiments" / "article.toml").exists()
@@ -137,7 +137,7 @@ def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):
 def test_one_experiments_figures_share_their_decimals():
     """The ablate rows were 22.184 beside 1,684.30: two digits finer than each figure is
     printed. One experiment's figures in one unit now share the finest of them."""
-    from blockscope.experiments.reproduce import Figure, compare
+    from blockscope.experiments.reproduce.figures import Figure, compare
 
     figures = [Figure("ablate", "baseline perplexity", "22.2", "ablate.baseline"),
                Figure("ablate", "first block removed", "1,684", "ablate.block1"),
@@ -160,7 +160,7 @@ def test_norm_placement_numbers_read_alike():
 def test_the_mlp_claims_read_their_measurements():
     """Each MLP-section claim says what its frames hold, and is shown only when they bear it
     out: synthetic frames whose answers are known."""
-    from blockscope.experiments import reproduce_mlp as m
+    from blockscope.experiments.reproduce import mlp as m
 
     lens = pd.DataFrame({"point": ["embeddings", "block 1", "block 2", "block 3", "block 4"],
                          "layer": [None, 0, 1, 2, 3], "target_rank": [900, 40, 8, 1, 1],
@@ -185,7 +185,7 @@ def test_the_mlp_claims_read_their_measurements():
 def test_the_causal_mlp_claims_read_the_trace():
     """ROME's two findings are shown only where the trace bears them out: synthetic traces
     whose peaks are known (subject tokens 1-2 of 5, 4 blocks)."""
-    from blockscope.experiments.reproduce_mlp import causal_claims
+    from blockscope.experiments.reproduce.mlp import causal_claims
 
     def traced(mlp_at, attn_at, p_clean=0.8, p_corrupted=0.1, effect=0.5):
         rows = [{"kind": k, "layer": j, "position": t, "token": "x", "indirect_effect":
@@ -207,7 +207,7 @@ def test_the_causal_mlp_claims_read_the_trace():
 
 def test_the_one_correction_reading_reads_the_split():
     """Shown only where the median middle block's total is within x1.5 of its own write."""
-    from blockscope.experiments.reproduce_sections import one_correction
+    from blockscope.experiments.reproduce.sections import one_correction
 
     def split(totals, directs):
         df = pd.DataFrame({"total": totals, "direct": directs})

@@ -66,7 +66,7 @@ class PruneHeads(Options):
         return comma_list(self.heads, "heads", int)
 
     def check(self) -> None:
-        from blockscope.experiments.pruning import check_pruning
+        from blockscope.experiments.prune_heads import check_pruning
 
         if "ablation" in self.orders and (self.layer_ids or self.head_ids):
             raise BadValue("`order` ablation ranks every head: drop `layers`/`heads`")
@@ -97,7 +97,7 @@ def prune_heads(o: PruneHeads) -> None:
     per layer. Example: blockscope prune-heads --text data/alice.txt --max-tokens 469
     """
     from blockscope.experiments import heads as experiment
-    from blockscope.experiments import pruning
+    from blockscope.experiments import prune_heads as pruning
     from blockscope.sweeps import stats
 
     started = time.perf_counter()
@@ -145,7 +145,7 @@ def sweeps(o: PruneHeads, run, show: bool):
     """The four experiments on one clean pass: single-head ablation, gradient importance,
     a pruning curve per order, one head per layer."""
     from blockscope.experiments import heads as experiment
-    from blockscope.experiments import pruning
+    from blockscope.experiments import prune_heads as pruning
     from blockscope.results.render import progress_bar
     from blockscope.sweeps.stats import Bootstrap
 

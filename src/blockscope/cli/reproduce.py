@@ -58,11 +58,11 @@ def reproduce(o: Reproduce) -> None:
     Without the model's weights (no hub), what needs none is still measured and the rest is
     listed with the command to run. Example: blockscope reproduce --model gpt2
     """
-    from blockscope.experiments import reproduce as rp
-    from blockscope.experiments import reproduce_sections as sections
-    from blockscope.experiments.reproduce_mlp import mlp_section
-    from blockscope.experiments.reproduction import n_stages
-    from blockscope.experiments.reproduction import reproduce as measure
+    from blockscope.experiments.reproduce import figures as rp
+    from blockscope.experiments.reproduce import sections
+    from blockscope.experiments.reproduce.mlp import mlp_section
+    from blockscope.experiments.reproduce.run import n_stages
+    from blockscope.experiments.reproduce.run import reproduce as measure
     from blockscope.results.files import sidecar
     from blockscope.results.render import Stages
 
@@ -130,7 +130,7 @@ def load_or_missing(o: Reproduce, spec):
 
 def shape_stand_in(quiet: bool):
     """GPT-2's architecture with the real tokenizer, for shapes and token counts."""
-    from blockscope.experiments.reproduce import gpt2_shape_model
+    from blockscope.experiments.reproduce.figures import gpt2_shape_model
 
     model = gpt2_shape_model()
     if model is None and not quiet:

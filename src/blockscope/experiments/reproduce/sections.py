@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from blockscope.experiments.reproduce import no_stage
+from blockscope.experiments.reproduce.figures import no_stage
 
 
 def norm_measures(settings: dict, stage=None) -> tuple[pd.DataFrame, dict]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from blockscope.experiments import reproduce as rp
-from blockscope.experiments import reproduce_sections as sections
-from blockscope.experiments.reproduce_mlp import mlp_measures
+from blockscope.experiments.reproduce import figures as rp
+from blockscope.experiments.reproduce import sections
+from blockscope.experiments.reproduce.mlp import mlp_measures
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from blockscope.experiments.reproduce import no_stage
+from blockscope.experiments.reproduce.figures import no_stage
 
 
 def mlp_measures(model, settings: dict, stage=no_stage) -> tuple[pd.DataFrame, dict]:

@@ -100,7 +100,7 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
     `stage(description, n_steps)` gives each experiment's progress callback (the CLI: one
     line and a bar per experiment)."""
     from blockscope.experiments.ablate import block_ablation, decomposed
-    from blockscope.experiments.pruning import prunable, pruning_curve
+    from blockscope.experiments.prune_heads import prunable, pruning_curve
     from blockscope.experiments.resid_norm import resid_norms
     from blockscope.inputs.text import read_passage, tokenize
 
@@ -166,7 +166,7 @@ def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
     A figure with nothing measured "needs the model", or, when the model was loaded, is
     "not in this model" (a block it does not have, say). `other`: the model measured is not
     the article's, so the figures of its weights (the measures in `own`) stand beside the
-    article's with no difference and no verdict (`reproduce_sections.article_claims`
+    article's with no difference and no verdict (`sections.article_claims`
     compares the claims instead)."""
     rows = []
     digits: dict = {}  # one experiment's figures in one unit share one precision
