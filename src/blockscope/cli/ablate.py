@@ -181,18 +181,10 @@ def correlation_line(correlations: dict) -> str:
             f"{correlations['angular_distance']:+.2f}")
 
 
-def with_intervals(value: float, lo: float, hi: float, spec: str = "+,.2f") -> str:
-    """`+1.20 [0.80, 1.60]`; the value alone where there is no interval."""
-    if lo != lo or hi != hi:  # NaN: no interval
-        return format(value, spec)
-    bound = spec.lstrip("+")
-    return f"{value:{spec}} [{lo:{bound}}, {hi:{bound}}]"
-
-
 def ablation_table(df, title: str):
     import pandas as pd
 
-    from blockscope.results.render import table
+    from blockscope.results.render import table, with_intervals
 
     ablated = df.iloc[1:]
     styles = {0: "bold"}

@@ -119,8 +119,7 @@ def prune_blocks(o: PruneBlocks) -> None:
 
 
 def curve_table(c, title: str):
-    from blockscope.cli.ablate import with_intervals
-    from blockscope.results.render import table
+    from blockscope.results.render import table, with_intervals
 
     ci = c["ci_low"].notna().any()
     shown = c.assign(
@@ -230,8 +229,7 @@ def rearrange(o: Rearrange) -> None:
 
 
 def arrangement_table(df, title: str):
-    from blockscope.cli.ablate import with_intervals
-    from blockscope.results.render import table
+    from blockscope.results.render import table, with_intervals
 
     ci = df["ci_low"].notna().any()
     n_layers = len(df.loc[0, "order"].split())

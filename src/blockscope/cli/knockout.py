@@ -18,8 +18,7 @@ from blockscope.cli.facts import (
     fact_prompt,
     many_facts,
 )
-from blockscope.cli.lens import PromptBosOpt
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, group
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, at_least, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import Prompt, Sweep
 

@@ -9,7 +9,17 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, flag, group
+from blockscope.cli.options import (
+    BosTokenOpt,
+    Load,
+    Options,
+    Output,
+    PromptBosOpt,
+    TargetOpt,
+    at_least,
+    flag,
+    group,
+)
 from blockscope.cli.output import write
 from blockscope.cli.prompts import pick_positions, prompt_run
 from blockscope.cli.text_options import PositionOpt, Prompt
@@ -18,11 +28,6 @@ from blockscope.errors import BadValue
 READ_AS = ("the lens reads every point with the model's final norm and unembedding; before "
            "the last block the model was never trained to be read that way, so early points "
            "show a basis, not what the model will say")
-TargetOpt = Annotated[str | None, typer.Option(
-    help="The token followed (one token, e.g. ' Paris', with its space). Default: the model's "
-    "own top-1 at the last point.", show_default=False)]
-PromptBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as the model saw "
-                                    "documents start.")]
 
 
 @dataclass

@@ -10,8 +10,16 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.lens import PromptBosOpt, TargetOpt
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, at_least, group
+from blockscope.cli.options import (
+    BosTokenOpt,
+    Load,
+    Options,
+    Output,
+    PromptBosOpt,
+    TargetOpt,
+    at_least,
+    group,
+)
 from blockscope.cli.output import write
 from blockscope.cli.prompts import pick_positions, prompt_run
 from blockscope.cli.text_options import Dataset, PositionOpt, Prompt

@@ -194,13 +194,8 @@ def render(summary, finals, claims, warmup: int, plateau: float) -> None:
                         "learning rate",
                         caption=f"unigram plateau {plateau:.3f}; a run trains below "
                         f"{plateau - MARGIN:.3f}; nan: diverged"))
+    from blockscope.results.render import claims_table
+
     out.print(claims_table(claims))
 
 
-def claims_table(claims, title: str = "the article's claims, measured here"):
-    """The article's claims, what was measured, the test, and whether it shows."""
-    from blockscope.results.render import table
-
-    shown = claims.assign(shown=claims["shown"].map({True: "yes", False: "NOT shown here"}))
-    return table(shown, {c: (c, "s") for c in ("claim", "measured", "test", "shown")},
-                 title=title)

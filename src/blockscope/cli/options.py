@@ -172,3 +172,12 @@ class Output(Written):
     """Where the results go, and whether a picture is drawn."""
 
     plot: PlotOpt = True
+
+
+# --- prompts: the lens, the MLP memory and the interchange commands ---
+
+TargetOpt = Annotated[str | None, typer.Option(
+    help="The token followed (one token, e.g. ' Paris', with its space). Default: the model's "
+    "own top-1 at the last point.", show_default=False)]
+PromptBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as the model saw "
+                                    "documents start.")]

@@ -10,8 +10,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.lens import PromptBosOpt
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, group
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.cli.output import write
 from blockscope.cli.prompts import two_prompts
 from blockscope.cli.text_options import Sweep

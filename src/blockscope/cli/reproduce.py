@@ -167,7 +167,7 @@ def notes(spec, article_model: str, other: str | None) -> None:
 
 def render_sections(r) -> None:
     """The claims, head roles and norm-placement tables after the figures."""
-    from blockscope.cli.norm import claims_table
+    from blockscope.results.render import claims_table
     from blockscope.results.render import table as rich_table
 
     if r.model_claims is not None and len(r.model_claims):

@@ -31,6 +31,14 @@ def fmt(value, spec: str = ",.2f") -> str:
     return str(value)
 
 
+def with_intervals(value: float, lo: float, hi: float, spec: str = "+,.2f") -> str:
+    """`+1.20 [0.80, 1.60]`; the value alone where there is no interval."""
+    if lo != lo or hi != hi:  # NaN: no interval
+        return format(value, spec)
+    bound = spec.lstrip("+")
+    return f"{value:{spec}} [{lo:{bound}}, {hi:{bound}}]"
+
+
 def sig3(x: float) -> str:
     """Three significant figures, trailing zeros kept so a column reads alike (24.0 beside
     32.4, not 24), plain below 1,000 and with thousands commas above: never 1.2e+03."""
@@ -239,3 +247,10 @@ def heat_grid(values, *, title: str, row_label: str = "layer", spec: str = "+.1%
         return Group(*grids)
 
     return Fitted(build)
+
+
+def claims_table(claims, title: str = "the article's claims, measured here"):
+    """The article's claims, what was measured, the test, and whether it shows."""
+    shown = claims.assign(shown=claims["shown"].map({True: "yes", False: "NOT shown here"}))
+    return table(shown, {c: (c, "s") for c in ("claim", "measured", "test", "shown")},
+                 title=title)
