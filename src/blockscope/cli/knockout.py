@@ -50,9 +50,9 @@ class Knockout(Options):
 
 @command
 def knockout(o: Knockout) -> None:
-    """Attention knockout (Geva et al. 2023): stop the last position attending to the
-    subject, to the other positions, or to itself, in a window of blocks, and see what
-    P(target) loses.
+    """Attention knockout: stop the last position attending to the subject, to the other
+    positions, or to itself, in a window of blocks, and see what P(target) loses (Geva et
+    al. 2023).
 
     Example: blockscope knockout "The capital of France is" --subject France --target " Paris"
     """

