@@ -109,3 +109,20 @@ def test_library_errors_name_parameters_not_flags():
                 if re.search(r"(?<![\w-])--[a-z]", text):
                     flagged.append(f"{name}:{node.lineno}")
     assert flagged == []
+
+
+def test_one_module_per_command_and_none_imports_another():
+    """`ls cli/` reads as the command list: each command's module is named as the command,
+    and shares helpers through cli's own shared modules, never through another command."""
+    import typer
+
+    from blockscope.cli import app
+
+    commands = {name.replace("-", "_") for name in typer.main.get_command(app).commands}
+    registering = {name.split(".")[1] for name, path in modules().items()
+                   if name.startswith("cli.") and "\n@command\n" in path.read_text("utf-8")}
+    assert registering == commands
+    crossing = [f"{a} -> {b}" for a, targets in imports().items() for b in targets
+                if a.startswith("cli.") and b.startswith("cli.") and a != b
+                and a.split(".")[1] in commands and b.split(".")[1] in commands]
+    assert crossing == []

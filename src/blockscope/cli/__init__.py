@@ -1,4 +1,4 @@
-"""The `blockscope` command line: one module per group of commands, on one Typer app.
+"""The `blockscope` command line: one module per command, named as it, on one Typer app.
 
 Each command's options are a dataclass (options, text_options), checked once before anything
 loads; the command loads, calls a pure experiment, renders and writes; nothing else.
@@ -7,20 +7,25 @@ Heavy imports (torch, TransformerLens) happen inside the commands, so `--help` i
 
 import sys
 
-from blockscope.cli import (  # noqa: F401  (registers the commands)
+from blockscope.cli import (  # noqa: F401  (registers the commands: one module each)
     ablate,
-    blocks,
-    heads,
+    attention,
+    get_model,
+    head_roles,
     knockout,
-    lens,
-    memory,
-    no_weights,
-    norm,
+    layernorm,
+    logit_lens,
+    mlp_memory,
+    norm_placement,
+    params,
     patch,
-    probes,
+    prune_blocks,
+    prune_heads,
+    rearrange,
     reproduce,
-    roles,
-    toy,
+    resid_norm,
+    shapes,
+    toy_model,
     trace,
 )
 from blockscope.cli.common import app

@@ -9,8 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command as register
-from blockscope.cli.common import engine_record, err, out
+from blockscope.cli.common import command, engine_record, err, out
 from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
@@ -74,7 +73,7 @@ class Ablate(Options):
             "" if self.method is Method.zero else f"-{self.method.value}")
 
 
-@register
+@command
 def ablate(o: Ablate) -> None:
     """Skip each block in turn (its output = its input) and report perplexity on a passage
     or a corpus, with bootstrap intervals.

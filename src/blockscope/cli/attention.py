@@ -6,18 +6,16 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, err, out
+from blockscope.cli.common import command, out
 from blockscope.cli.options import BosTokenOpt, Load, Options, Output, comma_list, flag, group
 from blockscope.cli.output import write
 from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Prompt, TextFileOpt
+from blockscope.cli.text_options import Prompt
 from blockscope.errors import BadValue
-
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
                                           "TransformerLens does by default.")]

@@ -10,7 +10,6 @@ import typer
 
 from blockscope.cli.common import command, out
 from blockscope.cli.options import Options, flag
-from blockscope.errors import BlockscopeError
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -12,12 +11,10 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, err, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, comma_list, flag, group
+from blockscope.cli.options import BosTokenOpt, Load, Options, Output, flag, group
 from blockscope.cli.output import write
-from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Prompt, TextFileOpt
+from blockscope.cli.text_options import TextFileOpt
 from blockscope.errors import BadValue
-
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
                                           "TransformerLens does by default.")]

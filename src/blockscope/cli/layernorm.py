@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, ClassVar
 
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.options import Options, Output, Written, comma_list, group
+from blockscope.cli.options import Options, Written, comma_list, group
 from blockscope.cli.output import write
 
 

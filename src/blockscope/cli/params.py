@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.options import Options, Output, Written, comma_list, group
+from blockscope.cli.options import Options, Output, group
 from blockscope.cli.output import write
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, engine_record, err, out, styled
+from blockscope.cli.common import command, engine_record, err, out
 from blockscope.cli.corpus_run import corpus_run, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write

@@ -9,12 +9,11 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.cli.common import command, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, Written, flag, group
+from blockscope.cli.options import BosTokenOpt, Load, Options, Written, flag, group
 from blockscope.cli.output import write
 from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Dataset, PositionOpt, Prompt, SeedOpt, ShuffleOpt
-from blockscope.errors import BadValue, BlockscopeError
-
+from blockscope.cli.text_options import Prompt
+from blockscope.errors import BadValue
 
 ProbeBosOpt = Annotated[
     bool,
