@@ -140,14 +140,14 @@ article = "22.2"
 measure = "ablate.baseline"
 [[figure]]
 experiment = "resid-norm"
-name = "norm after block 1"
+name = "norm after the article's block 1 (block 0)"
 article = "56.5"
-measure = "resid.block 1"
+measure = "resid.block 0"
 [[figure]]
 experiment = "resid-norm"
-name = "norm after block 6"
+name = "norm after the article's block 6 (block 5)"
 article = "73.4"
-measure = "resid.block 6"
+measure = "resid.block 5"
 [[figure]]
 experiment = "params"
 name = "GPT-2 small: total"

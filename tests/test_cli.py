@@ -161,7 +161,7 @@ def one_error_line(res) -> str:
 def test_resid_norm_variants_are_labelled(run, tiny_dir, tmp_path):
     res = run("resid-norm", "The capital of France is", "-m", tiny_dir, "--out-dir", tmp_path)
     assert res.exit_code == 0, res.output
-    assert "block 3" in res.stdout and "embeddings" in res.stdout
+    assert "block 2" in res.stdout and "embeddings" in res.stdout
     raw = pd.read_csv(result(tmp_path, "resid-norm-tiny-gpt2.csv"))
     assert list(raw.columns) == ["after", "layer", "hook", "position", "token", "norm",
                                  "ratio_to_embed"]

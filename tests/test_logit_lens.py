@@ -33,8 +33,8 @@ def test_lens_equals_hf_final_norm_and_lm_head_at_every_point(tiny, hf, ids):
     with torch.no_grad():
         stream = [("embeddings", hidden[0])]
         for i, rec in enumerate(records):
-            stream += [(f"block {i + 1} attn", rec["in"] + rec["attn"]),
-                       (f"block {i + 1}", rec["out"])]
+            stream += [(f"block {i} attn", rec["in"] + rec["attn"]),
+                       (f"block {i}", rec["out"])]
         logits = hf(ids).logits[0]
     assert list(dict.fromkeys(df["point"])) == [name for name, _ in stream]
     for name, x in stream:
@@ -67,8 +67,8 @@ def frozen_reference(hf, ids, pos, target, contrast=None):
 
     ref = {"embeddings": dla(hidden[0])}
     for i, rec in enumerate(records):
-        ref[f"block {i + 1} attn"] = dla(rec["attn"])
-        ref[f"block {i + 1} mlp"] = dla(rec["out"] - rec["in"] - rec["attn"])
+        ref[f"block {i} attn"] = dla(rec["attn"])
+        ref[f"block {i} mlp"] = dla(rec["out"] - rec["in"] - rec["attn"])
     ref["biases (final norm, unembedding)"] = float(ln.bias.detach().double() @ row.detach())
     return ref
 
@@ -155,7 +155,7 @@ def test_command_writes_lens_attribution_and_picture(tiny_dir, tmp_path):
     assert "never trained to be read" in " ".join(res.stdout.split())
     assert result(tmp_path, "logit-lens-tiny-gpt2.csv").exists()
     attrs = result(tmp_path, "logit-lens-tiny-gpt2-attribution.csv").read_text()
-    assert "head 2.3" in attrs and "block 3 mlp" in attrs
+    assert "head 2.3" in attrs and "block 2 mlp" in attrs
     meta = json.loads(result(tmp_path, "logit-lens-tiny-gpt2.json").read_text())
     assert meta["target"] == " Paris" and "frozen" in meta["attribution"]["final_norm"]
     assert result(tmp_path, "logit-lens-tiny-gpt2.png").read_bytes()[:4] == b"\x89PNG"

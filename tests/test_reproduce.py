@@ -66,7 +66,8 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
                       strict=True))
     assert status["GPT-2 small: total|"] == "matches" and status["std|"] == "matches"
     assert status["baseline perplexity|"] == "differs"  # a random tiny model is no GPT-2
-    assert status["norm after block 6|"] == "not in this model"  # it has 3 blocks
+    blk6 = "norm after the article's block 6 (block 5)|"
+    assert status[blk6] == "not in this model"  # it has 3 blocks
     resid = table[(table["experiment"] == "resid-norm") & table["measured"].notna()]
     assert sorted(resid["variant"]) == sorted(["no BOS, raw weights", "BOS, raw weights",
                                                "no BOS, processed weights",
@@ -76,8 +77,13 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert "| baseline perplexity |" in report and "differs" in report
     assert "Head pruning" in report
     assert "## What heads do" in report
-    assert "| induction | 5.1 |  |  | not in this model |" in report  # a 3-layer model
-    assert any(line.startswith("| induction | 2.1 | 0.") for line in report.splitlines())
+    # not GPT-2 small: its own top 3 induction heads, never GPT-2's indices read on it
+    assert "The reference heads' indices name GPT-2 small's heads" in report
+    induction = [line.split(" | ") for line in report.splitlines()
+                 if line.startswith("| induction | ")]
+    assert [row[3] for row in induction] == ["1", "2", "3"]
+    assert all(int(row[1].split(".")[0]) < 3 and "references: 2.1, 5.1" in row[4]
+               for row in induction)
     mlp = report.split("## The MLP")[1].split("\n## ")[0]
     assert "> values push the stream toward Paris" in mlp
     assert sum(line.startswith("| ") for line in mlp.splitlines()) == 2 + 6  # head, rule, 6
@@ -92,7 +98,7 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert all(f"]({p.name})" in report for p in pngs)
     meta = json.loads((result(out, "reproduce-tiny-gpt2.json")).read_text())
     assert meta["model_loaded"] is True and meta["prune_headline"]
-    assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 2
+    assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 3
     assert len(meta["mlp"]) == 6
 
 
@@ -162,19 +168,19 @@ def test_the_mlp_claims_read_their_measurements():
     out: synthetic frames whose answers are known."""
     from blockscope.experiments.reproduce import mlp as m
 
-    lens = pd.DataFrame({"point": ["embeddings", "block 1", "block 2", "block 3", "block 4"],
+    lens = pd.DataFrame({"point": ["embeddings", "block 0", "block 1", "block 2", "block 3"],
                          "layer": [None, 0, 1, 2, 3], "target_rank": [900, 40, 8, 1, 1],
                          "target_prob": [0.0, 0.01, 0.1, 0.5, 0.7]})
     late = m._written_late(lens, 4, " Paris")
-    assert "top 10 at block 2, the top 1 at block 3 of 4" in late["measured"]
-    assert late["shown"] is False  # block 2 of 4 is not past the middle
+    assert "top 10 at block 1, the top 1 at block 2 of 4" in late["measured"]
+    assert late["shown"] is False  # block 1 (the second) of 4 is not past the middle
     assert m._written_late(lens.assign(target_rank=[900, 40, 30, 8, 1]), 4, " P")["shown"]
     attrs = pd.DataFrame({"level": "block", "layer": [None, 0, 0, 1, 1, None],
                           "half": ["embed", "attn", "mlp", "attn", "mlp", "bias"],
                           "contribution": [5.0, 1.0, 2.0, 0.5, 0.25, 9.0]})
     attrs.attrs["logit"] = 17.75
-    last = m._last_block(attrs, 2)  # block 1: 3.0, block 2: 0.75 (embed and bias left out)
-    assert last["shown"] is False and "largest is block 1's (+3.00)" in last["measured"]
+    last = m._last_block(attrs, 2)  # block 0: 3.0, block 1: 0.75 (embed and bias left out)
+    assert last["shown"] is False and "largest is block 0's (+3.00)" in last["measured"]
     keys = pd.DataFrame({"layer": [0] * 4 + [5] * 4, "neuron": [7] * 4 + [9] * 4,
                          "trigger": ["the", "the", "the", "a", "x", "y", "z", "x"]})
     found = m._keys(keys, 6, "alice.txt")

@@ -29,8 +29,8 @@ def test_norms_equal_hf_hidden_states(tiny, hf, prepend_bos):
                               rtol=1e-5)
         assert rows["ratio_to_embed"].iloc[0] == 1.0
     labels = list(df[df["position"] == 0]["after"])
-    assert labels == ["embeddings", "block 1 attn", "block 1", "block 2 attn", "block 2",
-                      "block 3 attn", "block 3"]
+    assert labels == ["embeddings", "block 0 attn", "block 0", "block 1 attn", "block 1",
+                      "block 2 attn", "block 2"]
 
 
 def test_default_is_last_token_and_bad_position(tiny):

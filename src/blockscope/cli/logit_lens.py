@@ -129,5 +129,5 @@ def render(df, attrs, label: str, grid: bool, contrast: str | None) -> None:
                                       "contribution": ("direct logit", "+.3f")},
                         title=f"largest direct contributions to the logit of {what} "
                         f"({attrs.attrs['logit']:.3f})",
-                        caption="blocks counted from 1, as the lens's points; every "
+                        caption="blocks count from 0; every "
                         "component, and each head (layer.head from 0), is in the CSV"))

@@ -156,7 +156,7 @@ def render(layers, df, label: str, target: str, keys=None) -> None:
                             "share_of_logit": ("of the logit", ".1%"),
                             "top_share": ("of it, the neurons below", ".1%")},
                     title=f"{label}: the MLPs writing most toward {visible(target)}",
-                    caption="blocks counted from 1"))
+                    caption="blocks count from 0"))
     neat = df.assign(block=df["layer"] + 1,
                      promotes=df["promotes"].map(lambda s: " ".join(map(visible,
                                                                         s.split("|")))))

@@ -180,7 +180,8 @@ def render_sections(r) -> None:
         out.print(rich_table(r.roles, {"role": ("role", "s"), "head": ("head", "s"),
                                        "score": ("score", ".3f"), "rank": ("rank", ".0f"),
                                        "status": ("status", "s")},
-                             title="known head roles (references) in this model"))
+                             title=r.roles.attrs.get(
+                                 "title", "known head roles (references) in this model")))
     if r.mlp_claims is not None:
         out.print(claims_table(r.mlp_claims, "the MLP section's claims, measured here"))
     if r.norm_claims is not None:

@@ -120,9 +120,9 @@ def attribution(model, tokens: torch.Tensor, *, position: int, target: int,
         parts = [("embeddings", None, None, "embeddings",
                   cache["blocks.0.hook_resid_pre"][0, pos].double())]
         for i in range(n):
-            parts.append((f"block {i + 1} attn", i, None, "attn",
+            parts.append((f"block {i} attn", i, None, "attn",
                           cache[f"blocks.{i}.hook_attn_out"][0, pos].double()))
-            parts.append((f"block {i + 1} mlp", i, None, "mlp",
+            parts.append((f"block {i} mlp", i, None, "mlp",
                           cache[f"blocks.{i}.hook_mlp_out"][0, pos].double()))
         written = sum(p[-1] for p in parts)
         if float((written - x).norm() / x.norm()) > SUM_REL:
@@ -200,7 +200,7 @@ def _head_rows(model, cache, pos: int, direction: torch.Tensor, blocks: list) ->
             rows.append({"level": "head", "component": f"head {i}.{h}", "layer": i,
                          "head": h, "half": "attn",
                          "contribution": float(_centre(model, heads[h]) @ direction)})
-        rows.append({"level": "head", "component": f"block {i + 1} attn bias", "layer": i,
+        rows.append({"level": "head", "component": f"block {i} attn bias", "layer": i,
                      "head": None, "half": "attn",
                      "contribution": float(_centre(model, b_O) @ direction)})
     return rows

@@ -78,7 +78,7 @@ def neurons(model, tokens: torch.Tensor, *, position: int, target: int,
         bias = 0.0 if b_out is None else float(_centre(model, b_out.double()) @ direction)
         if abs(float(contrib.sum()) + bias - r.contribution) > SUM_REL * max(
                 1.0, abs(r.contribution)):
-            raise BlockscopeError(f"block {layer + 1}'s neurons do not add up to its MLP's "
+            raise BlockscopeError(f"block {layer}'s neurons do not add up to its MLP's "
                                   "write here; refusing a wrong split")
         top = contrib.topk(per_layer).indices
         removed.append((layer, top))

@@ -2,7 +2,8 @@
 
 Rows follow the stream: the embeddings (token + position, `blocks.0.hook_resid_pre`), then for
 each block the stream after its attention half (`hook_resid_mid`) and after the whole block
-(`hook_resid_post`). `after` counts blocks from 1, as the article does; `layer` is 0-based.
+(`hook_resid_post`). `after` names the block, counted from 0 like `layer` (the article
+counts from 1).
 A parallel block (GPT-J, GPT-NeoX, Phi, Falcon) has no point between its halves: its rows
 are the block's output only (`arch.stream_points`).
 """

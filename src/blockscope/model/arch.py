@@ -218,6 +218,6 @@ def stream_points(lay: Layout, n_layers: int) -> list[tuple[str, int | None, str
     points = [("blocks.0.hook_resid_pre", None, "embeddings")]
     for i in range(n_layers):
         if lay.has_mid:
-            points.append((f"blocks.{i}.hook_resid_mid", i, f"block {i + 1} attn"))
-        points.append((f"blocks.{i}.hook_resid_post", i, f"block {i + 1}"))
+            points.append((f"blocks.{i}.hook_resid_mid", i, f"block {i} attn"))
+        points.append((f"blocks.{i}.hook_resid_post", i, f"block {i}"))
     return points

@@ -42,7 +42,7 @@ def lens_plot(df: pd.DataFrame, attrs: pd.DataFrame | None, title: str) -> Figur
             right.bar([la + 1 + offset for la in layers], [part.get(la, 0.0) for la in layers],
                       width=width, color=colour, label="attention" if half == "attn" else "MLP")
         right.axhline(0, color="black", linewidth=0.8)
-        right.set_xlabel("block (counted from 1, as the lens's points)")
+        right.set_xlabel("block (counted from 0)")
         right.set_ylabel("direct contribution to the logit")
         right.set_title("direct logit attribution (final norm's scale frozen)", fontsize=10)
         right.legend(fontsize=8)
@@ -92,7 +92,7 @@ def memory_plot(neurons: pd.DataFrame, keys: pd.DataFrame | None, title: str) ->
     for ax, r in zip(axes.flat, neurons.itertuples(), strict=False):
         ax.add_patch(Rectangle((-0.02, -0.05), 1.02, 1.08, transform=ax.transAxes,
                                fill=False, edgecolor="0.8", clip_on=False))  # the card
-        lines = [(f"block {r.layer + 1}, neuron {r.neuron}", "bold"),
+        lines = [(f"block {r.layer}, neuron {r.neuron}", "bold"),
                  (f"activation {r.activation:+.2f}, direct logit {r.contribution:+.3f}", None),
                  ("promotes: " + " ".join(_drawable(t) for t in r.promotes.split("|")), None)]
         if keys is not None:

@@ -89,7 +89,7 @@ def ablation_plot(df: pd.DataFrame, title: str, labels: list[str] | None = None,
         for t in ax.get_xticklabels():
             t.set_horizontalalignment("right")
     what = "block" if part == "block" else f"{part} of the block"
-    fig = _finish(fig, ax, xlabel or f"{what} removed (layer, 0-based)",
+    fig = _finish(fig, ax, xlabel or f"{what} removed (counted from 0)",
                   "perplexity / baseline (log scale)", title)
     if rotate:  # room for the slanted labels
         fig.subplots_adjust(bottom=0.26)

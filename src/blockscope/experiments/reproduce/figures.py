@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 
 import pandas as pd
 import torch
@@ -116,7 +117,7 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
                 frames["ablate-decompose"] = decomposed(model, ids)[0]
             step()
         frames["ablate"] = df
-        middle = df.iloc[2:-1]["perplexity"]  # blocks 2..n-1, counted from 1
+        middle = df.iloc[2:-1]["perplexity"]  # blocks 1..n-2, the middle ones
         out.update({"ablate.baseline": df.loc[0, "perplexity"], "ablate.block1":
                     df.loc[1, "perplexity"]})
         if len(middle):
@@ -183,6 +184,13 @@ def compare(figures: list[Figure], measured: dict, commands: dict[str, str],
             rows.append(row)
         for k in keys:
             row = _row(f, measured[k], k.partition("|")[2] or None, commands, shared)
+            if f.measure == "resid.growth":  # name the block it was read at
+                blocks = [int(m[1]) for m in (re.fullmatch(r"resid\.block (\d+)",
+                                                            k2.split("|")[0]) for k2 in measured)
+                          if m]
+                if blocks:
+                    row["figure"] = (f"growth, block {max(blocks)} (the last) over the "
+                                     "embeddings")
             if other and k in own:
                 row.update(difference=None, difference_text="", within_rounding=None,
                            status=f"{other}'s own figure")

@@ -84,7 +84,7 @@ def causal_claims(traced: pd.DataFrame, span: tuple[int, int], n_layers: int,
 
     mlp, attn = peak("mlp"), peak("attn")
     enough = lambda r: lost > 0.1 and r["indirect_effect"] >= CAUSAL_MIN * lost  # noqa: E731
-    where = lambda r: (f"block {int(r['layer'])} (window centre, from 0) at position "  # noqa: E731
+    where = lambda r: (f"block {int(r['layer'])} (window centre) at position "  # noqa: E731
                        f"{int(r['position'])} {r['token']!r}, indirect effect "
                        f"{r['indirect_effect']:+.3f}")
     said = f"P(target) {a['p_clean']:.3f} clean, {a['p_corrupted']:.3f} with the subject noised"
@@ -133,8 +133,8 @@ def _last_block(attrs: pd.DataFrame, n_layers: int) -> dict:
     per = blocks.groupby("layer")["contribution"].sum()
     last, best = float(per.get(n_layers - 1, 0.0)), int(per.idxmax())
     return _row("The last block writes its notes right before the vector becomes logits",
-                f"block {n_layers}'s direct logit {last:+.2f}; the largest is block "
-                f"{best + 1}'s ({per.max():+.2f}) of the logit {attrs.attrs['logit']:.2f}",
+                f"block {n_layers - 1}'s (the last) direct logit {last:+.2f}; the largest is "
+                f"block {best}'s ({per.max():+.2f}) of the logit {attrs.attrs['logit']:.2f}",
                 "the last block's direct contribution to the target's logit is the largest "
                 "of any block's", best == n_layers - 1)
 

@@ -70,7 +70,7 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
         frames.update(model_frames)
         if "head_roles" in settings:
             with stage("head roles: previous-token, duplicate-token, induction", 1) as step:
-                roles = sections.head_role_checks(model, settings)
+                roles = sections.head_role_checks(model, settings, other)
                 step()
         if "mlp" in settings:
             mlp_claims, mlp_frames = mlp_measures(model, settings, stage)

@@ -46,10 +46,13 @@ def norm_measures(settings: dict, stage=None) -> tuple[pd.DataFrame, dict]:
     return claims, {"norm-init": summary, "norm-train": trained}
 
 
-def head_role_checks(model, settings: dict) -> pd.DataFrame:
+def head_role_checks(model, settings: dict, other: str | None = None,
+                     top: int = 3) -> pd.DataFrame:
     """For each known head in [head_roles] `known`: its score, its rank in that role, and
     whether it is in the role's top 5 here (`status`: found / not in the top 5 / not in
-    this model)."""
+    this model). The known heads' indices name GPT-2 small's heads: on `other`, another
+    model, the same indices mean nothing, so the model's own `top` heads per role are listed
+    instead, each saying which GPT-2 heads the role's references are."""
     from blockscope.experiments import head_roles as hr
     from blockscope.inputs.text import read_passage, tokenize
 
@@ -60,6 +63,23 @@ def head_role_checks(model, settings: dict) -> pd.DataFrame:
     scores = hr.role_scores(model, tokens, hr.repeated_random(model, s.get("n_random", 50),
                                                               s.get("seed", 0)))
     rows = []
+    cfg = model.cfg
+    if (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_vocab) != (12, 12, 768, 50257):
+        other = other or "this model"  # not GPT-2 small's shape: its indices name other heads
+    if other:
+        for role in dict.fromkeys(k["role"] for k in s.get("known", [])):
+            refs = ", ".join(f"{k['layer']}.{k['head']}" for k in s["known"]
+                             if k["role"] == role)
+            ranked = scores.sort_values(role, ascending=False, kind="stable").head(top)
+            for rank, r in enumerate(ranked.itertuples(), 1):
+                rows.append({"role": role, "head": f"{r.layer}.{r.head}",
+                             "source": f"{other}'s own top {top}",
+                             "score": float(getattr(r, role)), "rank": rank,
+                             "status": f"GPT-2 small's references: {refs}"})
+        found = pd.DataFrame(rows)
+        found.attrs["title"] = (f"{other}'s top heads per role (the reference indices are "
+                                "GPT-2 small's)")
+        return found
     for known in s.get("known", []):
         role, layer, head = known["role"], int(known["layer"]), int(known["head"])
         row = {"role": role, "head": f"{layer}.{head}", "source": known.get("source", ""),
@@ -81,7 +101,7 @@ ARTICLE_BOS_VARIANT = "no BOS, raw weights"  # the article's 5-token prompt, raw
 def one_correction(split: pd.DataFrame) -> tuple:
     """The article's explanation of its opening experiment, tested on `ablate --decompose`'s
     split: (claim, article, measured, test, shown)."""
-    middle = split.iloc[1:-1]  # blocks 2 .. n-1, counted from 1
+    middle = split.iloc[1:-1]  # blocks 1 .. n-2, the middle ones
     ratio = float((middle["total"] / middle["direct"]).median()) if len(middle) else float("nan")
     repair = float(middle["self_repair"].median()) if len(middle) else float("nan")
     return ("removing a block removes one correction: a middle block's effect on the logit "
@@ -113,15 +133,16 @@ def article_claims(figures, measured: dict, frames: dict, model: str) -> pd.Data
         if len(middle):
             med = float(middle.median())
             add("the first block matters far more than a middle one",
-                f"block 1 x{fig['ablate.block1'] / base:,.0f}; middle x{lo:.2f}-x{hi:.2f}",
-                f"block 1 x{first:,.1f}; middle x{middle.min():.2f}-x{middle.max():.2f} "
-                f"(median x{med:.2f})",
-                "block 1's perplexity increase is at least 10 times the median middle "
+                f"the first block x{fig['ablate.block1'] / base:,.0f}; middle "
+                f"x{lo:.2f}-x{hi:.2f}",
+                f"block 0 (the first) x{first:,.1f}; middle "
+                f"x{middle.min():.2f}-x{middle.max():.2f} (median x{med:.2f})",
+                "the first block's perplexity increase is at least 10 times the median middle "
                 "block's", first - 1 >= 10 * (med - 1))
             add("skipping a middle block costs little",
                 f"+{lo - 1:.0%} to +{hi - 1:.0%}",
                 f"median +{med - 1:.0%}, at most +{float(middle.max()) - 1:.0%}",
-                "the median middle block (2 to n-1) raises perplexity by less than 50%",
+                "the median middle block (1 to n-2) raises perplexity by less than 50%",
                 med < 1.5)
     if "ablate-decompose" in frames:
         add(*one_correction(frames["ablate-decompose"]))
@@ -168,8 +189,12 @@ def roles_section(settings: dict, roles, name: str) -> list[str]:
     lines = [f"## {s.get('section', 'head roles')}", ""]
     if roles is None:
         return lines + ["Needs the model: `blockscope head-roles --model MODEL`.", ""]
-    lines += [f"Known heads (references, not the article's figures) against blockscope's "
-              f"head-roles scores on {name}:", "",
+    intro = (f"Known heads (references, not the article's figures) against blockscope's "
+             f"head-roles scores on {name}:")
+    if "title" in roles.attrs:  # not GPT-2 small: its own top heads, not GPT-2's indices
+        intro = (f"The reference heads' indices name GPT-2 small's heads, so on {name} its "
+                 "own top heads per role are listed, by blockscope's head-roles scores:")
+    lines += [intro, "",
               "| role | head | score | rank | status | source |",
               "| --- | --- | ---: | ---: | --- | --- |"]
     for r in roles.itertuples():
