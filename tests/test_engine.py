@@ -12,6 +12,8 @@ from blockscope.sweeps.clean import clean_pass
 from blockscope.sweeps.engine import CPU_BATCH, default_batch_size
 from blockscope.sweeps.sweep import model_windows, token_nll
 
+from .drive import engine_sweep, perplexity_row
+
 REL = 1e-5
 
 
@@ -151,8 +153,7 @@ def test_fused_gelu_is_swapped_back(tiny, ids):
 
 def test_hooks_on_the_unembedding_are_honoured(tiny, ids):
     from blockscope.interventions import applied
-    from blockscope.sweeps.engine import Start, engine_sweep
-    from blockscope.sweeps.sweep import perplexity_row
+    from blockscope.sweeps.engine import Start
 
     hooks = [("unembed.hook_out", lambda logits, hook=None: 0.5 * logits)]
     wins = model_windows(tiny, ids, 100)
@@ -169,7 +170,7 @@ def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
     """Variants entering at every block, before or after its attention, in one growing
     batch: clean residuals give the baseline; perturbed ones what they give one at a time."""
     from blockscope.sweeps import steps
-    from blockscope.sweeps.engine import Start, engine_sweep
+    from blockscope.sweeps.engine import Start
 
     if not plain:
         monkeypatch.setattr(steps, "plain_parts", lambda *a: None)

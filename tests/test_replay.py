@@ -9,9 +9,11 @@ from blockscope.interventions import applied
 from blockscope.model import arch
 from blockscope.sweeps import replay, selfcheck
 from blockscope.sweeps.clean import clean_pass, kept_names
-from blockscope.sweeps.engine import Start, engine_sweep
+from blockscope.sweeps.engine import Start
 from blockscope.sweeps.steps import plain_parts
-from blockscope.sweeps.sweep import model_windows, perplexity_row, token_nll
+from blockscope.sweeps.sweep import model_windows, token_nll
+
+from .drive import engine_sweep, perplexity_row
 
 REL = 1e-5
 

@@ -22,7 +22,6 @@ from blockscope.sweeps.sweep import Progress, Variant
 
 PARTS = ("block", "attn", "mlp")
 METHODS = ("zero", "mean", "resample")
-ENGINES = plan.ENGINES
 
 
 def check_method(part: str, method: str) -> None:

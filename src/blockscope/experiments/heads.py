@@ -25,7 +25,6 @@ from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
-ENGINES = plan.ENGINES
 METHODS = ("zero", "mean", "resample")
 # What prune-heads' figures mean, for its sidecar.
 MEANINGS = {

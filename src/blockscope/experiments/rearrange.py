@@ -22,7 +22,6 @@ from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
 KINDS = ("swap", "reverse", "repeat", "parallel")
-SWEEPS = ("adjacent-swaps",)
 COLUMNS = ["variant", "arrangement", "kind", "first", "last", "order", "n_scored", "nll",
            "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high", "delta_ci_low",
            "delta_ci_high"]

@@ -32,7 +32,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import pandas as pd
 import torch
 
 from blockscope.inputs.text import Window
@@ -148,20 +147,6 @@ def default_batch_size(model, n_tokens: int, plain: bool = False) -> int:
     if str(getattr(cfg, "device", "cpu")).startswith("cpu"):
         return min(budget, CPU_BATCH) if plain else 1
     return budget
-
-
-def engine_sweep(model, tokens: torch.Tensor, variants: Sequence[Start], *,
-                 wins: Sequence[Window], **kw) -> pd.DataFrame:
-    """Baseline row, then one row per variant (`engine_nlls` as a table); `attrs["engine"]`
-    says how it ran."""
-    from blockscope.sweeps import stats
-
-    nlls, how = engine_nlls(model, tokens, variants, wins=wins, **kw)
-    labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
-    sums, counts = stats.unit_sums(torch.stack(nlls), "document")  # (1, V, 2): one unit
-    df = stats.frame(labels, sums[..., 0], counts, None, "document", kl=sums[..., 1])
-    df.attrs["engine"] = how
-    return df
 
 
 def engine_nlls(

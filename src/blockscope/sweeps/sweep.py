@@ -149,11 +149,6 @@ def per_position(act: torch.Tensor, name: str) -> torch.Tensor:
     return act.detach().double().reshape(-1, *act.shape[-unit:])
 
 
-def perplexity_row(nll: torch.Tensor) -> dict:
-    mean = float(nll.mean())
-    return {"n_scored": int(nll.numel()), "nll": mean, "perplexity": math.exp(mean)}
-
-
 def naive_nlls(
     model,
     tokens: torch.Tensor,
