@@ -63,3 +63,25 @@ def test_the_headline_stops_where_the_curve_first_leaves_the_band():
     assert int(prunable(curve, tolerance=0.05)["heads_removed"]) == 10
     assert int(prunable(curve, tolerance=0.25)["heads_removed"]) == 30
     assert int(prunable(curve, tolerance=0.6)["heads_removed"]) == 40
+
+
+def test_the_step_that_leaves_the_band_is_retraced_one_head_at_a_time(tiny, ids):
+    """Half the heads per step, then the first step out of the band redone head by head:
+    each retraced row equals the one-head-per-step curve of the same order (the brute-force
+    reference), and the headline is the one-head curve's, at a resolution of one head."""
+    from blockscope.experiments.prune_heads import band_exit
+
+    fine = pruning_curve(tiny, ids, order="random", step=1, seed=2)
+    ratio = fine.set_index("heads_removed")["ratio"]
+    # a band the 6-head step leaves, first left by the fine curve at k < 6 heads
+    k = next(k for k in range(2, 6) if ratio[k] > ratio[:k].max() and ratio[6] > ratio[:k].max())
+    tol = (ratio[:k].max() + ratio[k]) / 2 - 1
+    coarse = pruning_curve(tiny, ids, order="random", step=0.5, seed=2, refine=tol)
+    retraced = coarse[coarse["refined"]]
+    assert list(retraced["heads_removed"]) == [1, 2, 3, 4, 5]
+    want = fine.set_index("heads_removed").loc[[1, 2, 3, 4, 5], "perplexity"]
+    assert retraced["perplexity"].tolist() == pytest.approx(want.tolist(), rel=REL)
+    assert prunable(coarse, tol)["heads_removed"] == k - 1 == prunable(fine, tol)["heads_removed"]
+    assert band_exit(coarse, tol)["removed"] == 1
+    unrefined = pruning_curve(tiny, ids, order="random", step=0.5, seed=2)
+    assert band_exit(unrefined, tol)["removed"] == 6 and not unrefined["refined"].any()

@@ -169,7 +169,8 @@ def sweeps(o: PruneHeads, run, show: bool):
                           show) as tick:
             curves.append(pruning.pruning_curve(lm, tokens, order=order, step=o.step,
                                                 seed=o.seed, ablation=ablation, progress=tick,
-                                                importance=normalised, **kw))
+                                                importance=normalised, refine=o.tolerance,
+                                                **kw))
     with progress_bar(err, cfg.n_layers + 1, "one head per layer", show) as tick:
         one = experiment.one_head_per_layer(lm, tokens, importance, batch_size=batch,
                                             progress=tick, **kw)
@@ -186,7 +187,9 @@ def render(per_head, curves, one, sentences, name: str, cfg) -> None:
         grid[r.layer, r.head] = r.ratio - 1
     out.print(heat_grid(grid, title=f"{name}: perplexity change with one head removed"))
     for c in curves:
-        out.print(table(c, {"step": ("step", "d"), "heads_removed": ("heads removed", "d"),
+        c = c.assign(step=[f"{s}" + (" (1 by 1)" if r else "")
+                           for s, r in zip(c["step"], c["refined"], strict=True)])
+        out.print(table(c, {"step": ("step", "s"), "heads_removed": ("heads removed", "d"),
                             "share_removed": ("share", ".0%"), "perplexity": ("perplexity", ",.2f"),
                             "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f")},
                         title=f"pruning curve, {c.loc[0, 'order']} order"))

@@ -38,7 +38,7 @@ def pruning_curve(
     method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
     seed: int = 0, engine: str = "cached", progress: Progress | None = None,
     ci: Bootstrap | None = None, importance: torch.Tensor | None = None,
-    prepared: plan.Prepared | None = None,
+    prepared: plan.Prepared | None = None, refine: float | None = None,
 ) -> pd.DataFrame:
     """Remove heads cumulatively, least important first, until none is left.
 
@@ -48,6 +48,9 @@ def pruning_curve(
     step: below 1, that fraction of the remaining heads per step (at least one); else a count.
     importance: the normalised importance of the whole model (`head_importance`), if at hand;
     prepared: from `prepare` with the same method and engine, if at hand.
+    refine: a tolerance. The first step that takes perplexity past baseline x (1 + refine)
+    is retraced one head at a time, in the order that step removed them (rows with
+    `refined` True), so that where the curve leaves the band is known to one head.
 
     With the gradient order, zero ablation and the cached engine, a step's perplexity is
     read off the forward pass of the next step's gradient (the hooked model with the step's
@@ -78,7 +81,7 @@ def pruning_curve(
     if progress:
         progress(total=n_total + 1)  # at most one step per head
         progress()
-    removed, how = 0, {}
+    removed, how, refined = 0, {}, refine is None
     while removed < n_total:
         remaining = n_total - removed
         n = max(1, int(step * remaining)) if step < 1 else min(int(step), remaining)
@@ -91,6 +94,7 @@ def pruning_curve(
             ranked = score.masked_fill(keep == 0, float("inf")).flatten()
             chosen = [divmod(int(i), cfg.n_heads) for i in ranked.argsort(stable=True)[:n]]
             score = None
+        before = keep.clone()
         for lh in chosen:
             keep[lh] = 0
         removed += len(chosen)
@@ -107,15 +111,36 @@ def pruning_curve(
             ran = df.attrs["engine"]
         row = df.iloc[1][ROW].to_dict()
         how = ran if "fallback" in ran or not how else how
-        records.append({"step": len(records), "heads_removed": removed, **row})
+        step_no = 1 + sum(not r.get("refined", False) for r in records[1:])
+        records.append({"step": step_no, "heads_removed": removed, **row})
+        if not refined and row["ratio"] > 1 + refine:
+            refined = True
+            records += _one_at_a_time(run, before, chosen[:-1], fill, step_no, removed -
+                                      len(chosen))
         if progress:
             progress(total=len(records) + _steps_left(n_total - removed, step))
             progress()
     df = pd.DataFrame(records)
+    df["refined"] = df.get("refined", pd.Series(False, index=df.index)).fillna(False)
+    df = df.sort_values("heads_removed", kind="stable").reset_index(drop=True)
     df.insert(0, "order", order)
     df.insert(3, "share_removed", df["heads_removed"] / n_total)
     df.attrs["engine"] = how  # how the steps ran (a fallback, if any step had one)
     return df
+
+
+def _one_at_a_time(run, keep: torch.Tensor, heads: list, fill, step_no: int,
+                   start: int) -> list[dict]:
+    """The heads of one step removed one by one from the mask before it: one row each."""
+    if not heads:
+        return []
+    masks, k = [], keep.clone()
+    for lh in heads:
+        k[lh] = 0
+        masks.append(k.clone())
+    df = run([Variant({}, tuple(head_edits(m, fill))) for m in masks])
+    return [{"step": step_no, "heads_removed": start + i + 1, **df.iloc[1 + i][ROW].to_dict(),
+             "refined": True} for i in range(len(heads))]
 
 
 def _steps_left(remaining: int, step: float) -> int:
@@ -145,7 +170,8 @@ def band_exit(curve: pd.DataFrame, tolerance: float) -> dict | None:
     i = int(out.argmax())
     before = int(rows.loc[i - 1, "heads_removed"]) if i else 0
     return {"step": int(rows.loc[i, "step"]), "removed": int(rows.loc[i, "heads_removed"])
-            - before, "ratio": float(rows.loc[i, "ratio"])}
+            - before, "ratio": float(rows.loc[i, "ratio"]),
+            "refined": bool(rows["refined"].any()) if "refined" in rows else False}
 
 
 def headline(curves: list[pd.DataFrame], tolerance: float, n_total: int) -> dict:
@@ -171,6 +197,9 @@ def exit_clause(exit: dict | None) -> str:
     when that step removed several heads at once."""
     if exit is None:
         return "; the curve never leaves the band"
+    if exit.get("refined"):
+        return (f"; step {exit['step']} left it, and retraced one head at a time it leaves "
+                f"at the next head (x{exit['ratio']:.3f}): resolution one head")
     text = (f"; step {exit['step']} removed {exit['removed']} head"
             f"{'s' * (exit['removed'] != 1)} and left it (x{exit['ratio']:.3f})")
     return text + (", so a finer --step (e.g. --step 1) may find more" if exit["removed"] > 1

@@ -145,7 +145,8 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
                        max_tokens=p.get("max_tokens"))
         n_heads = model.cfg.n_layers * model.cfg.n_heads
         with stage("pruning heads (gradient order)", n_heads + 1) as step:
-            curve = pruning_curve(model, ids, order="gradient", progress=step)
+            curve = pruning_curve(model, ids, order="gradient", progress=step,
+                                  refine=p.get("tolerance", 0.05))
         frames["prune-heads curve"] = curve
         best = prunable(curve, p.get("tolerance", 0.05))
         n_total = model.cfg.n_layers * model.cfg.n_heads
