@@ -12,7 +12,7 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src" / "blockscope"
 LAYERS = [  # lowest first: the package root and errors, then each subpackage
-    {"blockscope", "errors", "allocator"},  # and the process-wide malloc setting
+    {"blockscope", "errors", "allocator", "choices"},  # and the process-wide malloc setting
     {"inputs"},
     {"model"},
     {"interventions"},
@@ -126,3 +126,26 @@ def test_one_module_per_command_and_none_imports_another():
                 if a.startswith("cli.") and b.startswith("cli.") and a != b
                 and a.split(".")[1] in commands and b.split(".")[1] in commands]
     assert crossing == []
+
+
+def test_each_vocabulary_is_defined_once():
+    """A fixed list of choices is a StrEnum in blockscope.choices, which the library checks
+    against and the CLI offers; no other module defines an enum with the same members."""
+    import enum
+
+    from blockscope import choices
+
+    library = {frozenset(e) for e in vars(choices).values()
+               if isinstance(e, type) and issubclass(e, enum.Enum) and e.__module__ ==
+               choices.__name__}
+    assert len(library) >= 6
+    others = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any("Enum" in ast.unparse(b)
+                                                      for b in node.bases):
+                values = frozenset(ast.literal_eval(s.value) for s in node.body
+                                   if isinstance(s, ast.Assign))
+                others[f"{name}.{node.name}"] = values
+    assert {k: v for k, v in others.items() if not k.startswith("choices.")
+            and (v in library or not v)} == {}

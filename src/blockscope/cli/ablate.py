@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
 from typing import Annotated, ClassVar
 
 import typer
 
+from blockscope.choices import Method, Part
 from blockscope.cli.common import command, engine_record, err, out
 from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import (
-    Method,
     MethodOpt,
     Passage,
     SeedOpt,
@@ -23,13 +22,6 @@ from blockscope.cli.text_options import (
     check_resample,
     resample_record,
 )
-
-
-class Part(str, Enum):
-    block = "block"
-    attn = "attn"
-    mlp = "mlp"
-
 
 REMOVED = {"block": "skipping each block", "attn": "removing each block's attention",
            "mlp": "removing each block's MLP"}

@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from blockscope.choices import Dtype
 from blockscope.errors import BadValue
 
 
@@ -32,12 +32,6 @@ def flag(*names, **kwargs):
 def group(cls):
     """A field holding a group of options, made with its defaults."""
     return field(default_factory=cls)
-
-
-class Dtype(str, Enum):
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
 from typing import Annotated, ClassVar
 
 import typer
 
+from blockscope.choices import BlockOrder
 from blockscope.cli.common import command, engine_record, err, out, styled
 from blockscope.cli.corpus_run import corpus_run, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
@@ -17,20 +17,12 @@ from blockscope.cli.text_options import Passage, Sweep, Window
 from blockscope.errors import BadValue
 
 
-class Order(str, Enum):
-    greedy = "greedy"
-    ablation = "ablation"
-    influence = "influence"
-    angular = "angular"
-    random = "random"
-
-
 @dataclass
 class PruneBlocks(Options):
     name: ClassVar[str] = "prune-blocks"
     passage: Passage = group(Passage)
     load: Load = group(Load)
-    order: Annotated[list[Order] | None, typer.Option(
+    order: Annotated[list[BlockOrder] | None, typer.Option(
         help="Removal order: greedy (SLEB), ablation, influence (ShortGPT), angular (Gromov "
         "et al.: a window, not cumulative) or random; repeat for several curves. Default: "
         "greedy.", metavar="ORDER")] = None
@@ -46,7 +38,7 @@ class PruneBlocks(Options):
 
     @property
     def orders(self) -> list[str]:
-        return list(dict.fromkeys(o.value for o in (self.order or [Order.greedy])))
+        return list(dict.fromkeys(o.value for o in (self.order or [BlockOrder.greedy])))
 
     def check(self) -> None:
         if not 0 <= self.tolerance < float("inf"):

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
 from typing import Annotated, ClassVar
 
 import typer
 
+from blockscope.choices import HeadOrder, Method
 from blockscope.cli.common import command, engine_record, err, out, status, styled
 from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, comma_list, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import (
-    Method,
     MethodOpt,
     Passage,
     Sweep,
@@ -25,19 +24,13 @@ from blockscope.cli.text_options import (
 from blockscope.errors import BadValue
 
 
-class Order(str, Enum):
-    gradient = "gradient"
-    ablation = "ablation"
-    random = "random"
-
-
 @dataclass
 class PruneHeads(Options):
     name: ClassVar[str] = "prune-heads"
     passage: Passage = group(Passage)
     load: Load = group(Load)
     method: MethodOpt = Method.zero
-    order: Annotated[list[Order] | None, typer.Option(
+    order: Annotated[list[HeadOrder] | None, typer.Option(
         help="Pruning order: gradient, ablation or random; repeat for several curves. "
         "Default: gradient.", metavar="ORDER")] = None
     step: Annotated[float, typer.Option(
@@ -55,7 +48,7 @@ class PruneHeads(Options):
 
     @property
     def orders(self) -> list[str]:
-        return [o.value for o in (self.order or [Order.gradient])]
+        return [o.value for o in (self.order or [HeadOrder.gradient])]
 
     @property
     def layer_ids(self) -> list[int] | None:

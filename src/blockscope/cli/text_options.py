@@ -5,26 +5,14 @@ passage is cut into the model's context, and how a sweep's variants run (groups 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from blockscope.choices import Engine, Method
 from blockscope.cli.options import BosTokenOpt, Options, at_least, flag, group
 from blockscope.errors import BadValue, BlockscopeError
-
-
-class Engine(str, Enum):
-    cached = "cached"
-    naive = "naive"
-
-
-class Method(str, Enum):
-    zero = "zero"
-    mean = "mean"
-    resample = "resample"
-
 
 PromptArg = Annotated[str | None, typer.Argument(help="The prompt (or give --text FILE).",
                                                  show_default=False)]

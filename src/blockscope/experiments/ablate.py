@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pandas as pd
 
+from blockscope.choices import Method, Part, one_of
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity, spearman
 from blockscope.inputs.corpus import as_docs
@@ -19,9 +20,6 @@ from blockscope.interventions import Resampled, intervention
 from blockscope.sweeps import plan
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
-
-PARTS = ("block", "attn", "mlp")
-METHODS = ("zero", "mean", "resample")
 
 
 def check_method(part: str, method: str) -> None:
@@ -60,10 +58,8 @@ def block_ablation(
             (one hooked forward per variant: the reference). Same numbers either way.
         batch_size: variants per batch for the cached engine (default: by memory).
     """
-    if part not in PARTS:
-        raise BadValue(f"`part` must be one of {', '.join(PARTS)}")
-    if method not in METHODS:
-        raise BadValue(f"`method` must be one of {', '.join(METHODS)}")
+    one_of(Part, part, "part")
+    one_of(Method, method, "method")
     plan.check_engine(engine)
     check_method(part, method)
     n_layers = model.cfg.n_layers

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from blockscope.choices import Method, one_of
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Resampled, ScaleHeads
@@ -25,7 +26,6 @@ from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
-METHODS = ("zero", "mean", "resample")
 # What prune-heads' figures mean, for its sidecar.
 MEANINGS = {
     "importance": "|d mean NLL / d head mask|, mask multiplying z; normalised per layer (L2)",
@@ -50,8 +50,7 @@ def prepare_fill(model, docs, stride, method: str, engine: str,
     """`prepared` (made here if None), and `fill`: None for zero ablation, else each
     layer's clean mean z over positions (n_heads, d_head), or its z on another document
     (`Resampled`, drawn per document by the sweep)."""
-    if method not in METHODS:
-        raise BadValue(f"`method` must be one of {', '.join(METHODS)}")
+    one_of(Method, method, "method")
     names = [n for i in range(model.cfg.n_layers)  # where each layer's z is read
              for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
     if prepared is None:

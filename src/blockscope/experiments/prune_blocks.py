@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from blockscope.choices import BlockOrder
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity
 from blockscope.inputs.corpus import as_docs
@@ -30,7 +31,7 @@ from blockscope.sweeps import plan
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
-ORDERS = ("greedy", "ablation", "influence", "angular", "random")
+ORDERS = tuple(BlockOrder)  # every order, in the order the CLI lists them
 ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",
        "delta_ci_low", "delta_ci_high"]
 COLUMNS = ["order", "step", "removed", "n_removed", "share_params", *ROW]

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from blockscope.choices import HeadOrder, one_of
 from blockscope.errors import BadValue
 from blockscope.experiments.heads import prepare_fill, single_head_ablation
 from blockscope.inputs.corpus import as_docs
@@ -20,15 +21,13 @@ from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.sweep import Progress, Variant
 
-ORDERS = ("gradient", "ablation", "random")
 # What each pruning step records of its run (the intervals are paired with step 0).
 ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",
        "delta_ci_low", "delta_ci_high"]
 
 
 def check_pruning(order: str, step: float) -> None:
-    if order not in ORDERS:
-        raise BadValue(f"`order` must be one of {', '.join(ORDERS)}")
+    one_of(HeadOrder, order, "order")
     if step <= 0 or (step >= 1 and step != int(step)):
         raise BadValue("`step` must be a fraction in (0, 1) or a whole number of heads")
 

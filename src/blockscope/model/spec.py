@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
+from blockscope.choices import Dtype
 from blockscope.errors import BadValue
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {Dtype.float32: torch.float32, Dtype.float16: torch.float16,
+          Dtype.bfloat16: torch.bfloat16}  # each choice, as a torch dtype
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from blockscope.choices import Engine, one_of
 from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
 from blockscope.sweeps.sweep import Variant
-
-ENGINES = ("cached", "naive")
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,8 +167,7 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     edits read from; "base" names the base run itself (a freeze)."""
     from blockscope.sweeps import resume
 
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+    one_of(Engine, engine, "engine")
     need = source_names(variants)
     unknown = sorted(set(need) - set(sources) - {"base"})
     if unknown:

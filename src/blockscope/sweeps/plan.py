@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from blockscope.allocator import release
+from blockscope.choices import Engine, one_of
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
@@ -32,12 +33,9 @@ from blockscope.sweeps.sweep import (
     partners,
 )
 
-ENGINES = ("cached", "naive")
-
 
 def check_engine(name: str) -> None:
-    if name not in ENGINES:
-        raise BadValue(f"`engine` must be one of {', '.join(ENGINES)}")
+    one_of(Engine, name, "engine")
 
 
 @dataclass
