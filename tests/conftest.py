@@ -19,8 +19,11 @@ import torch  # noqa: E402
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core (pyproject's `-n auto`):
     torch.set_num_threads(1)  # a second thread each would only contend for the same cores
 
+from blockscope.inputs.text import tokenize  # noqa: E402
 from blockscope.model.loading import load_model, spec_for  # noqa: E402
 from blockscope.model.toy import save_gpt2_checkpoint  # noqa: E402
+
+from .references import PATHS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ALICE = REPO / "data" / "alice.txt"
@@ -95,3 +98,19 @@ def result(directory, name: str) -> Path:
     found = [p for p in Path(directory).iterdir() if pattern.fullmatch(p.name)]
     assert len(found) == 1, (name, sorted(p.name for p in Path(directory).iterdir()))
     return found[0]
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def four_blocks(request, tmp_path_factory, alice_text):
+    """A 4-block tiny checkpoint of GPT-2, Llama and GPT-NeoX (parallel blocks)."""
+    from transformers import AutoModelForCausalLM
+
+    from .builders import save_checkpoint
+
+    family = request.param
+    n = {"gpt2": dict(n_layer=4)}.get(family, dict(num_hidden_layers=4))
+    path = save_checkpoint(family, tmp_path_factory.mktemp(family) / family, **n)
+    model = load_model(spec_for(str(path), device="cpu"))
+    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    ids = tokenize(model.tokenizer, alice_text, prepend_bos=True, max_tokens=40)
+    return family, model, hf, ids

@@ -1,5 +1,7 @@
 """The tests' independent references, written against plain HF models (never blockscope's
-code): HF's sliding-window perplexity and the residual stream read by HF module hooks."""
+code): HF's perplexity and KL, HF's sliding-window perplexity, each family's layers and the
+modules that write to its stream, hooks that replace a module's input or output, and the
+residual stream read by HF module hooks. Test modules import these, never each other."""
 
 import math
 
@@ -125,3 +127,84 @@ def hf_knockout_mask_hook(T: int, keys) -> callable:
         return args, {**kwargs, "attention_mask": mask[None, None]}
 
     return pre
+
+
+# Per family, under each decoder layer: the module whose output is attention's write to the
+# stream, the MLP's write, and attention's output projection (its input: the heads' z).
+# Bloom's attention and MLP add the residual themselves, after `dense`/`dense_4h_to_h`.
+WRITES = {
+    "gpt2": ("attn.c_proj", "mlp.c_proj", "attn.c_proj"),
+    "gpt_neo": ("attn.attention.out_proj", "mlp.c_proj", "attn.attention.out_proj"),
+    "gpt_neox": ("attention.dense", "mlp.dense_4h_to_h", "attention.dense"),
+    "gptj": ("attn.out_proj", "mlp.fc_out", "attn.out_proj"),
+    "opt": ("self_attn.out_proj", "fc2", "self_attn.out_proj"),
+    "bloom": ("self_attention.dense", "mlp.dense_4h_to_h", "self_attention.dense"),
+    "falcon": ("self_attention.dense", "mlp.dense_4h_to_h", "self_attention.dense"),
+    "gemma2": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
+    "gemma3": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
+    "olmo2": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
+    "phi": ("self_attn.dense", "mlp.fc2", "self_attn.dense"),
+    "gpt_bigcode": ("attn.c_proj", "mlp.c_proj", "attn.c_proj"),
+}
+LLAMA_LIKE = ("self_attn.o_proj", "mlp.down_proj", "self_attn.o_proj")
+MOE = ("self_attn.o_proj", "mlp", "self_attn.o_proj")  # the whole sparse-MoE block's output
+
+
+def writes(family):
+    return WRITES.get(family, MOE if family == "mixtral" else LLAMA_LIKE)
+
+
+def layers(hf):
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        mod = hf
+        try:
+            for part in path.split("."):
+                mod = getattr(mod, part)
+        except AttributeError:
+            continue
+        return list(mod)
+    raise AssertionError("no decoder layers found")
+
+
+def output_hook(module, fn):
+    """(module, register): replace the module's (first) output by fn(output, inputs)."""
+
+    def hook(mod, args, kwargs, out):
+        first = out[0] if isinstance(out, tuple) else out
+        x = args[0] if args else kwargs["hidden_states"]
+        new = fn(first, x)
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    return module, lambda m: m.register_forward_hook(hook, with_kwargs=True)
+
+
+def input_hook(module, fn):
+    """(module, register): replace the module's first input by fn(input)."""
+
+    def hook(mod, args):
+        return (fn(args[0]), *args[1:])
+
+    return module, lambda m: m.register_forward_pre_hook(hook)
+
+
+def sub(layer, path):
+    for part in path.split("."):
+        layer = getattr(layer, part)
+    return layer
+
+
+PATHS = {"gpt2": "transformer.h", "llama": "model.layers", "gpt_neox": "gpt_neox.layers"}
+
+
+def hf_ppl(model, ids) -> float:
+    with torch.inference_mode():
+        return math.exp(float(model(ids, labels=ids, use_cache=False).loss))
+
+
+def hf_kl(clean, model, ids) -> float:
+    """Mean over the scored tokens of KL(p_clean || p_model), from both HF models' logits
+    (torch's kl_div, float64)."""
+    with torch.inference_mode():
+        p, q = (m(ids, use_cache=False).logits[0, :-1].double().log_softmax(-1)
+                for m in (clean, model))
+    return float(torch.nn.functional.kl_div(q, p, log_target=True, reduction="sum")) / len(p)

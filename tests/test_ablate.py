@@ -1,7 +1,6 @@
 """Block ablation against independent references built on the plain HF model."""
 
 import copy
-import math
 
 import pytest
 import torch
@@ -10,15 +9,11 @@ from blockscope.errors import BlockscopeError
 from blockscope.experiments.ablate import block_ablation
 from blockscope.inputs.text import tokenize
 
-from .references import hf_sliding_ppl
+from .references import hf_ppl, hf_sliding_ppl
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."
 
-
-def hf_ppl(model, ids) -> float:
-    with torch.no_grad():
-        return math.exp(model(ids, labels=ids, use_cache=False).loss.item())
 
 
 @pytest.fixture(scope="module")

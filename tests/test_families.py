@@ -22,37 +22,13 @@ from blockscope.model.arch import FAMILIES, layout
 from blockscope.model.loading import load_model, spec_for
 
 from .builders import FAMILY_CONFIGS, save_checkpoint
+from .references import input_hook, layers, output_hook, sub, writes
 
 REL = 1e-5
 N_TOKENS = 24
 
-# Per family, under each decoder layer: the module whose output is attention's write to the
-# stream, the MLP's write, and attention's output projection (its input: the heads' z).
-# Bloom's attention and MLP add the residual themselves, after `dense`/`dense_4h_to_h`.
-WRITES = {
-    "gpt2": ("attn.c_proj", "mlp.c_proj", "attn.c_proj"),
-    "gpt_neo": ("attn.attention.out_proj", "mlp.c_proj", "attn.attention.out_proj"),
-    "gpt_neox": ("attention.dense", "mlp.dense_4h_to_h", "attention.dense"),
-    "gptj": ("attn.out_proj", "mlp.fc_out", "attn.out_proj"),
-    "opt": ("self_attn.out_proj", "fc2", "self_attn.out_proj"),
-    "bloom": ("self_attention.dense", "mlp.dense_4h_to_h", "self_attention.dense"),
-    "falcon": ("self_attention.dense", "mlp.dense_4h_to_h", "self_attention.dense"),
-    "gemma2": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
-    "gemma3": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
-    "olmo2": ("post_attention_layernorm", "post_feedforward_layernorm", "self_attn.o_proj"),
-    "phi": ("self_attn.dense", "mlp.fc2", "self_attn.dense"),
-    "gpt_bigcode": ("attn.c_proj", "mlp.c_proj", "attn.c_proj"),
-}
-LLAMA_LIKE = ("self_attn.o_proj", "mlp.down_proj", "self_attn.o_proj")
-MOE = ("self_attn.o_proj", "mlp", "self_attn.o_proj")  # the whole sparse-MoE block's output
-
-
 # Families whose blocks the engine replays as plain torch calls (replay.py, replay_rotary.py)
 PLAIN = {"gpt2", "llama", "mistral", "qwen2", "gpt_neox"}
-
-
-def writes(family):
-    return WRITES.get(family, MOE if family == "mixtral" else LLAMA_LIKE)
 
 
 def test_every_checked_family_has_a_tiny_config():
@@ -71,18 +47,6 @@ def fam(request, tmp_path_factory, alice_text):
     return family, model, hf, ids
 
 
-def layers(hf):
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
-        mod = hf
-        try:
-            for part in path.split("."):
-                mod = getattr(mod, part)
-        except AttributeError:
-            continue
-        return list(mod)
-    raise AssertionError("no decoder layers found")
-
-
 def hf_nll(hf, ids, hooks=()) -> float:
     """Mean next-token NLL from HF's own loss, with forward hooks on its modules."""
     handles = [register(m) for m, register in hooks]
@@ -92,33 +56,6 @@ def hf_nll(hf, ids, hooks=()) -> float:
     finally:
         for h in handles:
             h.remove()
-
-
-def output_hook(module, fn):
-    """(module, register): replace the module's (first) output by fn(output, inputs)."""
-
-    def hook(mod, args, kwargs, out):
-        first = out[0] if isinstance(out, tuple) else out
-        x = args[0] if args else kwargs["hidden_states"]
-        new = fn(first, x)
-        return (new, *out[1:]) if isinstance(out, tuple) else new
-
-    return module, lambda m: m.register_forward_hook(hook, with_kwargs=True)
-
-
-def input_hook(module, fn):
-    """(module, register): replace the module's first input by fn(input)."""
-
-    def hook(mod, args):
-        return (fn(args[0]), *args[1:])
-
-    return module, lambda m: m.register_forward_pre_hook(hook)
-
-
-def sub(layer, path):
-    for part in path.split("."):
-        layer = getattr(layer, part)
-    return layer
 
 
 def hf_means(hf, ids, family, d_head) -> dict:

@@ -13,6 +13,8 @@ from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, mask_heads
 from blockscope.sweeps.sweep import model_windows, token_nll
 
+from .references import hf_ppl
+
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."
 
@@ -21,10 +23,6 @@ SENTENCE = "Alice was beginning to get very tired of sitting by her sister on th
 def ids(tiny):
     return tokenize(tiny.tokenizer, SENTENCE, prepend_bos=True)
 
-
-def hf_ppl(model, ids) -> float:
-    with torch.no_grad():
-        return math.exp(model(ids, labels=ids, use_cache=False).loss.item())
 
 
 def without_heads(hf, layer, heads, d_head=16):

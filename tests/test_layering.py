@@ -149,3 +149,11 @@ def test_each_vocabulary_is_defined_once():
                 others[f"{name}.{node.name}"] = values
     assert {k: v for k, v in others.items() if not k.startswith("choices.")
             and (v in library or not v)} == {}
+
+
+def test_no_test_module_imports_another():
+    """Shared references live in tests/references.py and builders in tests/builders.py."""
+    tests = Path(__file__).parent
+    crossing = [f"{p.name} -> {m}" for p in tests.glob("test_*.py")
+                for m in re.findall(r"^from \.(test_\w+) import", p.read_text("utf-8"), re.M)]
+    assert crossing == []

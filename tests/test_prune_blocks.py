@@ -10,27 +10,8 @@ import torch
 
 from blockscope.experiments.prune_blocks import ORDERS, block_curve, block_params, headline
 from blockscope.inputs.text import tokenize
-from blockscope.model.loading import load_model, spec_for
 
-from .builders import save_checkpoint
-from .test_families import layers
-
-N_TOKENS = 40
-PATHS = {"gpt2": "transformer.h", "llama": "model.layers", "gpt_neox": "gpt_neox.layers"}
-
-
-@pytest.fixture(scope="module", params=sorted(PATHS))
-def fam(request, tmp_path_factory, alice_text):
-    """A 4-block tiny checkpoint of GPT-2, Llama and GPT-NeoX (parallel blocks)."""
-    from transformers import AutoModelForCausalLM
-
-    family = request.param
-    n = {"gpt2": dict(n_layer=4)}.get(family, dict(num_hidden_layers=4))
-    path = save_checkpoint(family, tmp_path_factory.mktemp(family) / family, **n)
-    model = load_model(spec_for(str(path), device="cpu"))
-    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
-    ids = tokenize(model.tokenizer, alice_text, prepend_bos=True, max_tokens=N_TOKENS)
-    return family, model, hf, ids
+from .references import PATHS, hf_kl, hf_ppl, layers
 
 
 def without(hf, family, removed) -> torch.nn.Module:
@@ -44,35 +25,21 @@ def without(hf, family, removed) -> torch.nn.Module:
     return cut
 
 
-def hf_ppl(model, ids) -> float:
-    with torch.inference_mode():
-        return math.exp(float(model(ids, labels=ids, use_cache=False).loss))
-
-
-def hf_kl(clean, model, ids) -> float:
-    """Mean over the scored tokens of KL(p_clean || p_model), from both HF models' logits
-    (torch's kl_div, float64)."""
-    with torch.inference_mode():
-        p, q = (m(ids, use_cache=False).logits[0, :-1].double().log_softmax(-1)
-                for m in (clean, model))
-    return float(torch.nn.functional.kl_div(q, p, log_target=True, reduction="sum")) / len(p)
-
-
 def blocks_of(removed: str) -> list[int]:
     return [int(i) for i in removed.split(",")] if removed else []
 
 
 @pytest.fixture(scope="module")
-def curves(fam):
-    family, model, _, ids = fam
+def curves(four_blocks):
+    family, model, _, ids = four_blocks
     # the naive loop for the two orders whose variants take the new entry kinds: greedy's
     # steps share the blocks already removed ("blocks-shared"); angular windows do not
     return {"cached": block_curve(model, ids, orders=ORDERS),
             "naive": block_curve(model, ids, orders=("greedy", "angular"), engine="naive")}
 
 
-def test_every_step_equals_hf_with_those_blocks_deleted(fam, curves):
-    family, model, hf, ids = fam
+def test_every_step_equals_hf_with_those_blocks_deleted(four_blocks, curves):
+    family, model, hf, ids = four_blocks
     ppl, kl = {}, {}
     for c in curves["cached"][0]:
         for r in c.itertuples():
@@ -99,8 +66,8 @@ def test_engine_equals_naive(curves):
     assert curves["cached"][0][0].attrs["engine"]["replay"] != "naive"
 
 
-def test_greedy_equals_a_brute_force_search(fam, curves):
-    family, model, hf, ids = fam
+def test_greedy_equals_a_brute_force_search(four_blocks, curves):
+    family, model, hf, ids = four_blocks
     greedy = curves["cached"][0][ORDERS.index("greedy")]
     removed: list[int] = []
     for r in greedy.iloc[1:].itertuples():
@@ -118,8 +85,8 @@ FINAL_NORM = {"gpt2": "transformer.ln_f", "llama": "model.norm",
               "gpt_neox": "gpt_neox.final_layer_norm"}
 
 
-def test_angular_windows_equal_output_hidden_states(fam, curves):
-    family, model, hf, ids = fam
+def test_angular_windows_equal_output_hidden_states(four_blocks, curves):
+    family, model, hf, ids = four_blocks
     final = hf.get_submodule(FINAL_NORM[family])
     seen = []
     handle = final.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
@@ -144,8 +111,8 @@ def test_angular_windows_equal_output_hidden_states(fam, curves):
         assert blocks_of(r.removed) == list(range(first, first + r.n_removed))
 
 
-def test_share_of_parameters_counts_the_hf_blocks(fam):
-    family, model, hf, _ = fam
+def test_share_of_parameters_counts_the_hf_blocks(four_blocks):
+    family, model, hf, _ = four_blocks
     per, total = block_params(model)
     assert total == sum(p.numel() for p in hf.parameters())
     assert per == [sum(p.numel() for p in b.parameters()) for b in layers(hf)]

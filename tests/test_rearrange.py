@@ -10,7 +10,7 @@ import torch
 from blockscope.errors import BadValue
 from blockscope.experiments.rearrange import adjacent_swaps, arrangement, rearranged
 
-from .test_prune_blocks import PATHS, fam, hf_kl, hf_ppl  # noqa: F401  (fam: the fixture)
+from .references import PATHS, hf_kl, hf_ppl
 
 ARRANGEMENTS = [("swap", "0,2"), ("reverse", "1:3"), ("repeat", "2x3"), ("parallel", "1:2")]
 
@@ -45,14 +45,14 @@ def rebuilt(hf, family, steps, first, last):
 
 
 @pytest.fixture(scope="module")
-def sweeps(fam):  # noqa: F811
-    family, model, _, ids = fam
+def sweeps(four_blocks):  # noqa: F811
+    family, model, _, ids = four_blocks
     arrs = [arrangement(k, t, 4) for k, t in ARRANGEMENTS] + adjacent_swaps(4)
     return arrs, rearranged(model, ids, arrs), rearranged(model, ids, arrs, engine="naive")
 
 
-def test_every_arrangement_equals_hf_with_its_layers_rebuilt(fam, sweeps):  # noqa: F811
-    family, model, hf, ids = fam
+def test_every_arrangement_equals_hf_with_its_layers_rebuilt(four_blocks, sweeps):  # noqa: F811
+    family, model, hf, ids = four_blocks
     arrs, cached, _ = sweeps
     assert cached.loc[0, "perplexity"] == pytest.approx(hf_ppl(hf, ids), rel=1e-5)
     for a, r in zip(arrs, cached.iloc[1:].itertuples(), strict=True):

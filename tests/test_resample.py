@@ -17,7 +17,7 @@ from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps.sweep import partners
 
 from .builders import save_checkpoint
-from .test_families import input_hook, layers, output_hook, sub, writes
+from .references import input_hook, layers, output_hook, sub, writes
 
 TEXTS = ["Alice was beginning to get very tired of sitting by her sister on the bank, and",
          "of having nothing to do: once or twice she had peeped into the book her sister",
