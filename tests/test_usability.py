@@ -1,4 +1,5 @@
-"""What a newcomer hits: prompt files, early and right errors, files, progress, help."""
+"""Using the command line: prompt files, early and right errors, files, progress, help,
+and tables and help that fit the terminal."""
 
 import io
 import json
@@ -304,7 +305,7 @@ def test_usage_errors_are_one_line_with_the_choices(monkeypatch, capsys):
         assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
 
 
-def test_second_round_of_newcomer_defects(run, tiny_dir, tmp_path):
+def test_extreme_numbers_path_datasets_growth_and_a_short_context(run, tiny_dir, tmp_path):
     from blockscope.cli import _negative_numbers_hint
 
     huge = run("layernorm", "--out-dir", tmp_path, "--", "1e300", "2e300")
