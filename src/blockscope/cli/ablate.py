@@ -9,8 +9,8 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.choices import Method, Part
-from blockscope.cli.common import command, engine_record, err, out
-from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
+from blockscope.cli.common import command, err, out
+from blockscope.cli.corpus_run import passage_command, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import (
@@ -74,46 +74,37 @@ def ablate(o: Ablate) -> None:
     """
     from blockscope.experiments import ablate as experiment
     from blockscope.results.render import progress_bar
-    from blockscope.sweeps import stats
-    from blockscope.sweeps.stats import Bootstrap
 
-    started = time.perf_counter()
-    source = o.passage.source(o.seed, o.window)
-    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
-                     stride=o.window.stride, bos_token=o.window.bos_token)
+    c = passage_command(o, "ablate")
+    run = c.run
     part, method = o.part.value, o.method.value
     mean = "" if o.method is Method.zero else f" ({method})"
     if o.decompose:
-        return decomposed(o, run, started)
+        return decomposed(o, run, c.started)
     swept = time.perf_counter()
-    with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean,
-                      not o.out.quiet and run.comm.writes) as step:
+    with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean, c.show) as step:
         df = experiment.block_ablation(
             run.model, run.docs, part=part, method=method, stride=o.window.stride,
             engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=step,
-            ci=Bootstrap(o.passage.bootstrap, o.seed), seed=o.seed)
+            ci=c.ci(), seed=o.seed)
     sweep_s = time.perf_counter() - swept
-    if not run.comm.writes:
+    if not c.writes:
         return
-    title = f"{run.spec.label} on {run.describe()}"
     correlations, uncertainty = experiment.metric_correlations(df), uncertainty_record(df)
     if not o.out.quiet:
-        out.print(ablation_table(df, title))
+        out.print(ablation_table(df, c.title))
         out.print(correlation_line(correlations), highlight=False)
         out.print(stability_line(uncertainty), highlight=False, soft_wrap=True)
-    meta = run.meta("ablate", n_scored=int(df.loc[0, "n_scored"]), part=part, method=method,
-                    engine=o.sweep.engine.value, **engine_record(df),
-                    block_metrics=experiment.metrics_meaning(part), kl=stats.KL_MEANING,
-                    **resample_record(o.method, df),
-                    spearman_with_delta=correlations, uncertainty=uncertainty,
-                    sweep_s=round(sweep_s, 3), wall_time_s=round(time.perf_counter() - started, 3))
-    stem = f"ablate-{run.spec.slug}-{source.stem}{o.suffix}"
-    extra = {}
-    if o.out.plot:
+
+    def plot():
         from blockscope.results.plots import ablation_plot
 
-        extra[f"{stem}.png"] = ablation_plot(df, f"{title}: perplexity with {SHOWN[part]}{mean}")
-    write(o, stem, {"": df}, meta, extra=extra)
+        return ablation_plot(df, f"{c.title}: perplexity with {SHOWN[part]}{mean}")
+
+    c.finish({"": df}, n_scored=df.loc[0, "n_scored"], suffix=o.suffix, plot=plot, part=part,
+             method=method, block_metrics=experiment.metrics_meaning(part),
+             **resample_record(o.method, df), spearman_with_delta=correlations,
+             uncertainty=uncertainty, sweep_s=round(sweep_s, 3))
 
 
 def decomposed(o: Ablate, run, started: float) -> None:

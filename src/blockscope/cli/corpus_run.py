@@ -7,6 +7,7 @@ its sizes first), and reads and tokenizes the text or corpus into `corpus.Docs`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from blockscope.cli.common import checked_load, err, model_record, status
@@ -141,3 +142,60 @@ def corpus_run(source, load, *, quiet: bool, check=None, stride: int | None = No
                   f"{f', across {comm.size} processes' if comm.size > 1 else ''}",
                   highlight=False, soft_wrap=True)
     return run
+
+
+@dataclass
+class PassageCommand:
+    """The skeleton every passage command shares (ablate, prune-heads, prune-blocks,
+    rearrange): the clock, the source, the loaded run, and at the end the sidecar's common
+    fields, the file stem, the picture on request and the atomic write."""
+
+    o: object  # the command's options: passage, window, load, sweep, out, seed
+    command: str
+    run: CorpusRun
+    started: float
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes (rank 0 under torchrun)."""
+        return self.run.comm.writes
+
+    @property
+    def show(self) -> bool:
+        return not self.o.out.quiet and self.writes
+
+    @property
+    def title(self) -> str:
+        return f"{self.run.spec.label} on {self.run.describe()}"
+
+    def ci(self):
+        from blockscope.sweeps.stats import Bootstrap
+
+        return Bootstrap(self.o.passage.bootstrap, self.o.seed)
+
+    def finish(self, frames: dict, *, n_scored: int, ran: tuple = (), suffix: str = "",
+               plot=None, **fields) -> None:
+        """Write `frames` (`{csv suffix: DataFrame}`) with the sidecar (the common fields:
+        `n_scored`, how the sweeps behind the frames `ran`, the KL's meaning, the wall time;
+        then `fields`) and, with --plot, `plot()`'s picture."""
+        from blockscope.cli.common import engine_record
+        from blockscope.cli.output import write
+        from blockscope.sweeps import stats
+
+        meta = self.run.meta(self.command, n_scored=int(n_scored),
+                             engine=self.o.sweep.engine.value,
+                             **engine_record(*(ran or frames.values())),
+                             kl=stats.KL_MEANING, **fields,
+                             wall_time_s=round(time.perf_counter() - self.started, 3))
+        stem = f"{self.command}-{self.run.spec.slug}-{self.run.source.stem}{suffix}"
+        extra = {f"{stem}.png": plot()} if plot is not None and self.o.out.plot else {}
+        write(self.o, stem, frames, meta, extra=extra)
+
+
+def passage_command(o, command: str) -> PassageCommand:
+    """Start a passage command: read its text or corpus and load its model, checked first."""
+    started = time.perf_counter()
+    source = o.passage.source(o.seed, o.window)
+    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
+                     stride=o.window.stride, bos_token=o.window.bos_token)
+    return PassageCommand(o, command, run, started)

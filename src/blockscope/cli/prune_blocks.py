@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 import typer
 
 from blockscope.choices import BlockOrder
-from blockscope.cli.common import command, engine_record, err, out, styled
-from blockscope.cli.corpus_run import corpus_run, uncertainty_record
+from blockscope.cli.common import command, err, out, styled
+from blockscope.cli.corpus_run import passage_command, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
-from blockscope.cli.output import write
 from blockscope.cli.text_options import Passage, Sweep, Window
 from blockscope.errors import BadValue
 
@@ -62,51 +60,40 @@ def prune_blocks(o: PruneBlocks) -> None:
     """
     from blockscope.experiments import prune_blocks as experiment
     from blockscope.results.render import progress_bar
-    from blockscope.sweeps import stats
-    from blockscope.sweeps.stats import Bootstrap
 
-    started = time.perf_counter()
-    source = o.passage.source(o.seed, o.window)
-    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
-                     stride=o.window.stride, bos_token=o.window.bos_token)
-    show = not o.out.quiet and run.comm.writes
+    c = passage_command(o, "prune-blocks")
+    run = c.run
     n_layers = run.model.cfg.n_layers
     top = o.max_removed or n_layers
-    with progress_bar(err, len(o.orders) * top + 1, "removing blocks", show) as tick:
+    with progress_bar(err, len(o.orders) * top + 1, "removing blocks", c.show) as tick:
         curves, metrics = experiment.block_curve(
             run.model, run.docs, orders=o.orders, stride=o.window.stride, seed=o.seed,
             engine=o.sweep.engine.value, max_removed=top, batch_size=o.sweep.batch_size,
-            progress=tick, ci=Bootstrap(o.passage.bootstrap, o.seed))
-    if not run.comm.writes:
+            progress=tick, ci=c.ci())
+    if not c.writes:
         return
     import pandas as pd
 
     curve = pd.concat(curves, ignore_index=True)
     found = experiment.headline(curves, o.tolerance, n_layers)
-    title = f"{run.spec.label} on {run.describe()}"
-    if show:
-        for c in curves:
-            out.print(curve_table(c, title))
+    if c.show:
+        for one in curves:
+            out.print(curve_table(one, c.title))
         for h in found.values():
             out.print(styled(h["sentence"], "bold"), highlight=False)
-    meta = run.meta("prune-blocks", n_scored=int(curve.loc[0, "n_scored"]),
-                    engine=o.sweep.engine.value, **engine_record(*curves), orders=o.orders,
-                    tolerance=o.tolerance, max_removed=top, seed=o.seed,
-                    removal="each removed block's output := its input",
-                    **experiment.MEANINGS, kl=stats.KL_MEANING, block_metrics=metrics,
-                    uncertainty=uncertainty_record(curves[0]),
-                    headline={k: {f: v for f, v in h.items() if f != "sentence"}
-                              for k, h in found.items()},
-                    wall_time_s=round(time.perf_counter() - started, 3))
-    stem = f"prune-blocks-{run.spec.slug}-{source.stem}"
-    extra = {}
-    if o.out.plot:
+
+    def plot():
         from blockscope.results.plots import prune_blocks_plot
 
-        extra[f"{stem}.png"] = prune_blocks_plot(
-            curve, n_layers=n_layers, tolerance=o.tolerance,
-            title=f"{title}: blocks removed together")
-    write(o, stem, {"": curve}, meta, extra=extra)
+        return prune_blocks_plot(curve, n_layers=n_layers, tolerance=o.tolerance,
+                                 title=f"{c.title}: blocks removed together")
+
+    c.finish({"": curve}, n_scored=curve.loc[0, "n_scored"], ran=tuple(curves), plot=plot,
+             orders=o.orders, tolerance=o.tolerance, max_removed=top, seed=o.seed,
+             removal="each removed block's output := its input", **experiment.MEANINGS,
+             block_metrics=metrics, uncertainty=uncertainty_record(curves[0]),
+             headline={k: {f: v for f, v in h.items() if f != "sentence"}
+                       for k, h in found.items()})
 
 
 def curve_table(c, title: str):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 import typer
 
 from blockscope.choices import HeadOrder, Method
-from blockscope.cli.common import command, engine_record, err, out, status, styled
-from blockscope.cli.corpus_run import corpus_run, stability_line, uncertainty_record
+from blockscope.cli.common import command, err, out, status, styled
+from blockscope.cli.corpus_run import passage_command, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, comma_list, group
-from blockscope.cli.output import write
 from blockscope.cli.text_options import (
     MethodOpt,
     Passage,
@@ -91,15 +89,11 @@ def prune_heads(o: PruneHeads) -> None:
     """
     from blockscope.experiments import heads as experiment
     from blockscope.experiments import prune_heads as pruning
-    from blockscope.sweeps import stats
 
-    started = time.perf_counter()
-    source = o.passage.source(o.seed, o.window)
-    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
-                     stride=o.window.stride, bos_token=o.window.bos_token)
-    show = not o.out.quiet and run.comm.writes
-    ablation, importance, normalised, curves, one = sweeps(o, run, show)
-    if not run.comm.writes:
+    c = passage_command(o, "prune-heads")
+    run = c.run
+    ablation, importance, normalised, curves, one = sweeps(o, run, c.show)
+    if not c.writes:
         return
     import pandas as pd
 
@@ -108,30 +102,27 @@ def prune_heads(o: PruneHeads) -> None:
     curve = pd.concat(curves, ignore_index=True)
     headline = pruning.headline(curves, o.tolerance, cfg.n_layers * cfg.n_heads)
     uncertainty = uncertainty_record(ablation)
-    if show:
+    if c.show:
         render(per_head, curves, one, [h["sentence"] for h in headline.values()], spec.label,
                cfg)
         out.print(stability_line(uncertainty, "head rankings"), highlight=False,
                   soft_wrap=True)
-    meta = run.meta("prune-heads", n_scored=int(curve.loc[0, "n_scored"]),
-                    method=o.method.value, engine=o.sweep.engine.value,
-                    **engine_record(ablation, *curves, one), orders=o.orders, step=o.step,
-                    tolerance=o.tolerance, seed=o.seed, layers=o.layer_ids, heads=o.head_ids,
-                    **experiment.MEANINGS, kl=stats.KL_MEANING, uncertainty=uncertainty,
-                    **resample_record(o.method, ablation),
-                    headline={k: {f: v for f, v in h.items() if f != "sentence"}
-                              for k, h in headline.items()},
-                    wall_time_s=round(time.perf_counter() - started, 3))
-    method = "" if o.method is Method.zero else f"-{o.method.value}"
-    stem = f"prune-heads-{spec.slug}-{source.stem}{method}"
-    extra = {}
-    if o.out.plot:
+
+    def plot():
         from blockscope.results.plots import prune_heads_plot
 
-        extra[f"{stem}.png"] = prune_heads_plot(
-            per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-            tolerance=o.tolerance, title=f"{spec.label} on {run.name}: which heads matter")
-    write(o, stem, {"": per_head, "-curve": curve, "-one-head": one}, meta, extra=extra)
+        return prune_heads_plot(per_head, curve, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                                tolerance=o.tolerance,
+                                title=f"{spec.label} on {run.name}: which heads matter")
+
+    c.finish({"": per_head, "-curve": curve, "-one-head": one},
+             n_scored=curve.loc[0, "n_scored"], ran=(ablation, *curves, one),
+             suffix="" if o.method is Method.zero else f"-{o.method.value}", plot=plot,
+             method=o.method.value, orders=o.orders, step=o.step, tolerance=o.tolerance,
+             seed=o.seed, layers=o.layer_ids, heads=o.head_ids, **experiment.MEANINGS,
+             uncertainty=uncertainty, **resample_record(o.method, ablation),
+             headline={k: {f: v for f, v in h.items() if f != "sentence"}
+                       for k, h in headline.items()})
 
 
 def sweeps(o: PruneHeads, run, show: bool):

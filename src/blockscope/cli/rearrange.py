@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, engine_record, err, out
-from blockscope.cli.corpus_run import corpus_run, uncertainty_record
+from blockscope.cli.common import command, err, out
+from blockscope.cli.corpus_run import passage_command, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
-from blockscope.cli.output import write
 from blockscope.cli.text_options import Passage, Sweep, Window
 from blockscope.errors import BadValue
 
@@ -74,39 +72,30 @@ def rearrange(o: Rearrange) -> None:
     """
     from blockscope.experiments import rearrange as experiment
     from blockscope.results.render import progress_bar
-    from blockscope.sweeps import stats
-    from blockscope.sweeps.stats import Bootstrap
 
-    started = time.perf_counter()
-    source = o.passage.source(o.seed, o.window)
-    run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
-                     stride=o.window.stride, bos_token=o.window.bos_token)
+    c = passage_command(o, "rearrange")
+    run = c.run
     arrangements = o.arrangements(run.model.cfg.n_layers)
-    with progress_bar(err, len(arrangements) + 1, "rearranging blocks",
-                      not o.out.quiet and run.comm.writes) as tick:
+    with progress_bar(err, len(arrangements) + 1, "rearranging blocks", c.show) as tick:
         df = experiment.rearranged(
             run.model, run.docs, arrangements, stride=o.window.stride,
             engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=tick,
-            ci=Bootstrap(o.passage.bootstrap, o.seed))
-    if not run.comm.writes:
+            ci=c.ci())
+    if not c.writes:
         return
-    title = f"{run.spec.label} on {run.describe()}"
     if not o.out.quiet:
-        out.print(arrangement_table(df, title))
-    meta = run.meta("rearrange", n_scored=int(df.loc[0, "n_scored"]),
-                    engine=o.sweep.engine.value, **engine_record(df),
-                    arrangements=[a.name for a in arrangements], **experiment.MEANINGS,
-                    kl=stats.KL_MEANING, uncertainty=uncertainty_record(df),
-                    wall_time_s=round(time.perf_counter() - started, 3))
-    stem = f"rearrange-{run.spec.slug}-{source.stem}"
-    extra = {}
-    if o.out.plot:
+        out.print(arrangement_table(df, c.title))
+
+    def plot():
         from blockscope.results.plots import ablation_plot
 
-        extra[f"{stem}.png"] = ablation_plot(
-            df, f"{title}: blocks rearranged", labels=list(df["arrangement"].iloc[1:]),
-            xlabel="arrangement (blocks count from 0)")
-    write(o, stem, {"": df}, meta, extra=extra)
+        return ablation_plot(df, f"{c.title}: blocks rearranged",
+                             labels=list(df["arrangement"].iloc[1:]),
+                             xlabel="arrangement (blocks count from 0)")
+
+    c.finish({"": df}, n_scored=df.loc[0, "n_scored"], plot=plot,
+             arrangements=[a.name for a in arrangements], **experiment.MEANINGS,
+             uncertainty=uncertainty_record(df))
 
 
 def arrangement_table(df, title: str):
