@@ -154,6 +154,15 @@ def test_each_vocabulary_is_defined_once():
 def test_no_test_module_imports_another():
     """Shared references live in tests/references.py and builders in tests/builders.py."""
     tests = Path(__file__).parent
-    crossing = [f"{p.name} -> {m}" for p in tests.glob("test_*.py")
-                for m in re.findall(r"^from \.(test_\w+) import", p.read_text("utf-8"), re.M)]
+    crossing = [f"{p.name} -> {m}" for p in tests.rglob("test_*.py")
+                for m in re.findall(r"^\s*from \.+(?:\w+\.)*(test_\w+) import",
+                                    p.read_text("utf-8"), re.M)]
     assert crossing == []
+
+
+def test_the_tests_mirror_the_package():
+    """A test module sits under the subpackage it tests (tests/sweeps/ for sweeps/, ...)."""
+    tests = Path(__file__).parent
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.parent.name for p in tests.rglob("test_*.py") if p.parent != tests}
+    assert folders and folders <= packages

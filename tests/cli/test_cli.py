@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from blockscope.cli import app
 
-from .conftest import ALICE, result
+from ..conftest import ALICE, result
 
 ABLATE_COLUMNS = ["variant", "layer", "part", "method", "n_scored", "nll", "perplexity", "delta",
                   "ratio", "kl", "block_influence", "angular_distance", "ci_low", "ci_high",
@@ -384,7 +384,7 @@ def test_reproduce_stops_on_a_broken_checkpoint(run, tiny_dir, tmp_path):
 
 
 def test_resid_norm_says_a_parallel_block_has_no_mid_point(run, tmp_path):
-    from .builders import save_checkpoint
+    from ..builders import save_checkpoint
 
     path = save_checkpoint("gptj", tmp_path / "gptj")
     res = run("resid-norm", "The capital of France is", "-m", path, "--no-plot",

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from blockscope.cli import app
 
-from .builders import paragraphs, write_jsonl
-from .conftest import ALICE, result
+from ..builders import paragraphs, write_jsonl
+from ..conftest import ALICE, result
 
 
 @pytest.fixture

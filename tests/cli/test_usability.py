@@ -15,7 +15,7 @@ from blockscope.cli import app
 from blockscope.cli import common as cli_common
 from blockscope.errors import BlockscopeError
 
-from .conftest import ALICE, result
+from ..conftest import ALICE, result
 
 
 @pytest.fixture
@@ -403,7 +403,7 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
 def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
     """reproduce ran 16 minutes after one line: now one line per experiment, a bar (plain
     lines when piped) inside each, and what is loading from the first second."""
-    from .builders import tiny_reference
+    from ..builders import tiny_reference
 
     res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
                                    str(tiny_reference(tmp_path)), "--no-norm-placement",

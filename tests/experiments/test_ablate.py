@@ -9,7 +9,7 @@ from blockscope.errors import BlockscopeError
 from blockscope.experiments.ablate import block_ablation
 from blockscope.inputs.text import tokenize
 
-from .references import hf_ppl, hf_sliding_ppl
+from ..references import hf_ppl, hf_sliding_ppl
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."

@@ -10,8 +10,8 @@ import transformers
 from blockscope.experiments.ablate import decomposed
 from blockscope.model.loading import load_model, spec_for
 
-from .builders import save_checkpoint
-from .references import hf_modules
+from ..builders import save_checkpoint
+from ..references import hf_modules
 
 T = 24
 
@@ -138,7 +138,7 @@ def test_the_command_writes_the_split_and_refuses_per_token_alone(tiny_dir, tmp_
 
     from blockscope.cli import app
 
-    from .conftest import ALICE, result
+    from ..conftest import ALICE, result
 
     def run(*args):
         return CliRunner().invoke(app, [str(a) for a in (

@@ -14,8 +14,8 @@ from blockscope.inputs.text import tokenize
 from blockscope.model.loading import load_model, spec_for
 from blockscope.model.toy import save_gpt2_checkpoint
 
-from .builders import save_checkpoint
-from .conftest import ALICE, result
+from ..builders import save_checkpoint
+from ..conftest import ALICE, result
 
 
 def mul_score(att: torch.Tensor, mask: torch.Tensor) -> float:

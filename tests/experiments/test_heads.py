@@ -13,7 +13,7 @@ from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, mask_heads
 from blockscope.sweeps.sweep import model_windows, token_nll
 
-from .references import hf_ppl
+from ..references import hf_ppl
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."

@@ -16,8 +16,8 @@ from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import LogitDiff
 from blockscope.sweeps.sweep import Variant
 
-from .builders import save_checkpoint
-from .references import hf_capture, hf_knockout_mask_hook, hf_modules, hf_run
+from ..builders import save_checkpoint
+from ..references import hf_capture, hf_knockout_mask_hook, hf_modules, hf_run
 
 FAMILIES = ["gpt2", "llama", "gpt_neox"]
 CLEAN = torch.tensor([[50256, 464, 3139, 286, 4881, 318]])  # BOS The capital of France is
@@ -219,7 +219,7 @@ def test_the_commands_write_their_columns_and_refuse_unequal_prompts(tiny_dir, t
 
     from blockscope.cli import app
 
-    from .conftest import result
+    from ..conftest import result
 
     def run(*args):
         return CliRunner().invoke(app, [str(a) for a in (*args, "--model", tiny_dir,
@@ -298,7 +298,7 @@ def test_facts_run_the_known_ones_or_all_and_average_them(tiny_dir, tmp_path):
 
     from blockscope.cli import app
 
-    from .conftest import result
+    from ..conftest import result
 
     facts = tmp_path / "facts.jsonl"
     facts.write_text("".join(json.dumps(f) + "\n" for f in [

@@ -12,8 +12,8 @@ from blockscope.errors import BlockscopeError
 from blockscope.experiments.logit_lens import attribution, lens, target_id
 from blockscope.inputs.text import tokenize
 
-from .conftest import result
-from .references import hf_stream
+from ..conftest import result
+from ..references import hf_stream
 
 PROMPT = "The capital of France is"
 
@@ -121,7 +121,7 @@ def test_lens_and_attribution_on_an_rms_norm_family(tmp_path):
 
     from blockscope.model.loading import load_model, spec_for
 
-    from .builders import save_checkpoint
+    from ..builders import save_checkpoint
 
     path = save_checkpoint("llama", tmp_path / "llama")
     model = load_model(spec_for(str(path)))

@@ -12,8 +12,8 @@ from blockscope.experiments.logit_lens import target_id
 from blockscope.experiments.mlp_memory import neurons, triggers
 from blockscope.inputs.text import tokenize
 
-from .conftest import result
-from .references import hf_stream
+from ..conftest import result
+from ..references import hf_stream
 
 PROMPT = "The capital of France is"
 
@@ -77,7 +77,7 @@ def test_removing_neurons_of_a_gated_mlp_matches_hf(tmp_path):
 
     from blockscope.model.loading import load_model, spec_for
 
-    from .builders import save_checkpoint
+    from ..builders import save_checkpoint
 
     path = save_checkpoint("llama", tmp_path / "llama")
     model = load_model(spec_for(str(path)))
@@ -97,7 +97,7 @@ def test_removing_neurons_of_a_gated_mlp_matches_hf(tmp_path):
 def test_a_norm_after_the_mlp_is_refused(tmp_path):
     from blockscope.model.loading import load_model, spec_for
 
-    from .builders import save_checkpoint
+    from ..builders import save_checkpoint
 
     model = load_model(spec_for(str(save_checkpoint("olmo2", tmp_path / "olmo2"))))
     ids = tokenize(model.tokenizer, PROMPT, prepend_bos=True)
@@ -106,7 +106,7 @@ def test_a_norm_after_the_mlp_is_refused(tmp_path):
 
 
 def test_command_writes_neurons_layers_keys_and_sidecar(tiny_dir, tmp_path):
-    from .conftest import ALICE
+    from ..conftest import ALICE
 
     res = CliRunner().invoke(app, ["mlp-memory", PROMPT, "--model", str(tiny_dir), "--target",
                                    " Paris", "--method", "mean", "--text", str(ALICE),
@@ -132,7 +132,7 @@ def test_trigger_contexts_equal_a_brute_force_scan_with_hf_hooks(tiny, hf):
     forward hook on c_proj's input (each document's first token left out)."""
     from blockscope.inputs.corpus import Docs
 
-    from .builders import paragraphs
+    from ..builders import paragraphs
 
     texts = [p[:300] for p in paragraphs()[:4]]
     ids = [tokenize(tiny.tokenizer, t, prepend_bos=True) for t in texts]

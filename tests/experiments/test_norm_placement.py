@@ -19,7 +19,7 @@ from blockscope.experiments.norm_stack import (
     load_gpt2_weights,
 )
 
-from .conftest import ALICE, result
+from ..conftest import ALICE, result
 
 SMALL = StackConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=32, d_vocab=50)
 

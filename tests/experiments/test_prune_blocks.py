@@ -11,7 +11,7 @@ import torch
 from blockscope.experiments.prune_blocks import ORDERS, block_curve, block_params, headline
 from blockscope.inputs.text import tokenize
 
-from .references import PATHS, hf_kl, hf_ppl, layers
+from ..references import PATHS, hf_kl, hf_ppl, layers
 
 
 def without(hf, family, removed) -> torch.nn.Module:

@@ -10,7 +10,7 @@ import torch
 from blockscope.errors import BadValue
 from blockscope.experiments.rearrange import adjacent_swaps, arrangement, rearranged
 
-from .references import PATHS, hf_kl, hf_ppl
+from ..references import PATHS, hf_kl, hf_ppl
 
 ARRANGEMENTS = [("swap", "0,2"), ("reverse", "1:3"), ("repeat", "2x3"), ("parallel", "1:2")]
 

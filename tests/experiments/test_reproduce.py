@@ -16,8 +16,8 @@ from blockscope.experiments.reproduce.figures import (
     offline_measures,
 )
 
-from .builders import tiny_reference
-from .conftest import REPO, result
+from ..builders import tiny_reference
+from ..conftest import REPO, result
 
 ARTICLE = REPO / "src" / "blockscope" / "data" / "article.toml"
 PNG = b"\x89PNG\r\n\x1a\n"

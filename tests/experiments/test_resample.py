@@ -16,8 +16,8 @@ from blockscope.inputs.text import tokenize
 from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps.sweep import partners
 
-from .builders import save_checkpoint
-from .references import input_hook, layers, output_hook, sub, writes
+from ..builders import save_checkpoint
+from ..references import input_hook, layers, output_hook, sub, writes
 
 TEXTS = ["Alice was beginning to get very tired of sitting by her sister on the bank, and",
          "of having nothing to do: once or twice she had peeped into the book her sister",

@@ -6,7 +6,7 @@ from blockscope.experiments.resid_norm import resid_norms
 from blockscope.inputs.text import tokenize
 from blockscope.model.loading import load_model, spec_for
 
-from .references import hf_stream
+from ..references import hf_stream
 
 PROMPT = "The capital of France is"
 

@@ -14,9 +14,9 @@ from blockscope.experiments.resid_norm import norm_distribution
 from blockscope.inputs.corpus import Source, load_docs
 from blockscope.sweeps.stats import Bootstrap
 
-from .builders import paragraphs, write_jsonl
-from .conftest import ALICE
-from .references import hf_sliding_sum, hf_stream
+from ..builders import paragraphs, write_jsonl
+from ..conftest import ALICE
+from ..references import hf_sliding_sum, hf_stream
 
 REL = 1e-5
 

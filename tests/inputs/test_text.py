@@ -4,7 +4,7 @@ from blockscope.errors import BlockscopeError
 from blockscope.inputs.text import read_passage, tokenize, windows
 from blockscope.model.toy import gpt2_tokenizer
 
-from .conftest import ALICE
+from ..conftest import ALICE
 
 
 def test_gpt2_tokenizer_matches_the_article():

@@ -21,8 +21,8 @@ from blockscope.inputs.text import tokenize
 from blockscope.model.arch import FAMILIES, layout
 from blockscope.model.loading import load_model, spec_for
 
-from .builders import FAMILY_CONFIGS, save_checkpoint
-from .references import input_hook, layers, output_hook, sub, writes
+from ..builders import FAMILY_CONFIGS, save_checkpoint
+from ..references import input_hook, layers, output_hook, sub, writes
 
 REL = 1e-5
 N_TOKENS = 24
@@ -225,7 +225,7 @@ def test_the_registry_is_the_one_place_that_names_a_model_type():
     import re
     from pathlib import Path
 
-    src = Path(__file__).parents[1] / "src" / "blockscope"
+    src = Path(__file__).parents[2] / "src" / "blockscope"
     decides = re.compile(r"model_type\s*(==|!=|in\s*[(\[{])")
     offenders = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "arch.py"
                  for i, line in enumerate(p.read_text().splitlines(), 1) if decides.search(line)]

@@ -17,8 +17,8 @@ from blockscope.cli import app
 from blockscope.errors import BlockscopeError
 from blockscope.model import fetch
 
-from .conftest import ALICE, result
-from .gguf_fixture import write_fake_wheel, write_tiny_llama_gguf
+from ..conftest import ALICE, result
+from ..gguf_fixture import write_fake_wheel, write_tiny_llama_gguf
 
 NAME = "smollm2-135m"
 

@@ -12,7 +12,7 @@ from blockscope.inputs.text import tokenize
 from blockscope.results.plots import ablation_plot
 from blockscope.results.plots import params_plot as plots_params
 
-from .conftest import ALICE, result
+from ..conftest import ALICE, result
 
 
 def png_pixels(data: bytes):

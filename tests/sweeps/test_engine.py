@@ -12,7 +12,7 @@ from blockscope.sweeps.clean import clean_pass
 from blockscope.sweeps.engine import CPU_BATCH, default_batch_size
 from blockscope.sweeps.sweep import model_windows, token_nll
 
-from .drive import engine_sweep, perplexity_row
+from ..drive import engine_sweep, perplexity_row
 
 REL = 1e-5
 

@@ -12,7 +12,7 @@ from blockscope.interventions import intervention as Edit
 from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps import unembed
 
-from .builders import save_checkpoint
+from ..builders import save_checkpoint
 
 REL = 1e-5
 

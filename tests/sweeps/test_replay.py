@@ -13,7 +13,7 @@ from blockscope.sweeps.engine import Start
 from blockscope.sweeps.steps import plain_parts
 from blockscope.sweeps.sweep import model_windows, token_nll
 
-from .drive import engine_sweep, perplexity_row
+from ..drive import engine_sweep, perplexity_row
 
 REL = 1e-5
 
@@ -109,7 +109,7 @@ def test_rotary_blocks_equal_the_hf_blocks(tmp_path, alice_text, family, overrid
 
     from blockscope.model.loading import load_model, spec_for
 
-    from .builders import save_checkpoint
+    from ..builders import save_checkpoint
 
     path = save_checkpoint(family, tmp_path / family, **overrides)
     model = load_model(spec_for(str(path), device="cpu"))
