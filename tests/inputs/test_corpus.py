@@ -240,8 +240,8 @@ def test_resid_norm_distribution_equals_hf_hidden_states(tiny, hf, jsonl, texts)
         hidden, records = hf_stream(hf, d)
         per_point.setdefault("embeddings", []).append(hidden[0][0, 1:])
         for i, rec in enumerate(records):
-            per_point.setdefault(f"block {i + 1} attn", []).append((rec["in"] + rec["attn"])[0, 1:])
-            per_point.setdefault(f"block {i + 1}", []).append(rec["out"][0, 1:])
+            per_point.setdefault(f"block {i} attn", []).append((rec["in"] + rec["attn"])[0, 1:])
+            per_point.setdefault(f"block {i}", []).append(rec["out"][0, 1:])
     for after, parts in per_point.items():
         norms = torch.cat(parts).norm(dim=-1).numpy()
         row = df[df["after"] == after].iloc[0]
