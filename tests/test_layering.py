@@ -166,3 +166,14 @@ def test_the_tests_mirror_the_package():
     packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
     folders = {p.parent.name for p in tests.rglob("test_*.py") if p.parent != tests}
     assert folders and folders <= packages
+
+
+def test_no_class_name_means_two_things():
+    """One name, one class: the CLI's option groups are `...Options`, never the library's
+    `Window`, `Passage`, `Rearrange` or `Attention`."""
+    seen: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(name)
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}

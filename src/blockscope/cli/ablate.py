@@ -15,10 +15,10 @@ from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
 from blockscope.cli.text_options import (
     MethodOpt,
-    Passage,
+    PassageOptions,
     SeedOpt,
     Sweep,
-    Window,
+    WindowOptions,
     check_resample,
     resample_record,
 )
@@ -32,7 +32,7 @@ SHOWN = {"block": "each block skipped", "attn": "each block's attention removed"
 @dataclass
 class Ablate(Options):
     name: ClassVar[str] = "ablate"
-    passage: Passage = group(Passage)
+    passage: PassageOptions = group(PassageOptions)
     seed: SeedOpt = 0
     load: Load = group(Load)
     part: Annotated[Part, typer.Option(help="Remove the whole block or one half.")] = Part.block
@@ -43,7 +43,7 @@ class Ablate(Options):
         "(self-repair); runs the naive loop.")] = False
     per_token: Annotated[bool, typer.Option(
         "--per-token", help="With --decompose: also a CSV of every scored token's split.")] = False
-    window: Window = group(Window)
+    window: WindowOptions = group(WindowOptions)
     sweep: Sweep = group(Sweep)
     out: Output = group(Output)
 

@@ -22,7 +22,7 @@ AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
 
 
 @dataclass
-class Attention(Options):
+class AttentionOptions(Options):
     name: ClassVar[str] = "attention"
     prompt: Prompt = group(Prompt)
     load: Load = group(Load)
@@ -48,7 +48,7 @@ class Attention(Options):
 
 
 @command
-def attention(o: Attention) -> None:
+def attention(o: AttentionOptions) -> None:
     """The attention patterns of chosen heads on a prompt: a heatmap grid, each query's
     top-3 keys, and a long CSV.
 

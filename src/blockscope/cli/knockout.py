@@ -24,7 +24,7 @@ from blockscope.cli.text_options import Prompt, Sweep
 
 
 @dataclass
-class Knockout(Options):
+class KnockoutOptions(Options):
     name: ClassVar[str] = "knockout"
     prompt: Prompt = group(Prompt)
     subject: SubjectOpt = ""
@@ -49,7 +49,7 @@ class Knockout(Options):
 
 
 @command
-def knockout(o: Knockout) -> None:
+def knockout(o: KnockoutOptions) -> None:
     """Attention knockout: stop the last position attending to the subject, to the other
     positions, or to itself, in a window of blocks, and see what P(target) loses (Geva et
     al. 2023).
@@ -86,7 +86,7 @@ def knockout(o: Knockout) -> None:
     write(o, stem, {"": df}, meta, extra=extra)
 
 
-def knockout_facts(o: Knockout, started: float) -> None:
+def knockout_facts(o: KnockoutOptions, started: float) -> None:
     from blockscope.cli.common import model_record
     from blockscope.experiments import knockout as experiment
     from blockscope.results.files import sidecar

@@ -2,8 +2,8 @@
 
 A command's dataclass declares its options as Typer `Annotated` fields, in help order; a
 field whose type is itself an `Options` dataclass (a group: `Load` and `Output` here;
-`Prompt`, `Passage`, `Window`, ... in `text_options`) stands for that group's options, so
-`--model` is `o.load.model`. `common.command`
+`Prompt`, `PassageOptions`, `WindowOptions`, ... in `text_options`) stands for that
+group's options, so `--model` is `o.load.model`. `common.command`
 builds the Typer signature from the fields, makes the dataclass once from what was parsed,
 runs `check()` on it and each group (cheap rules, before anything loads) and hands it to
 the command. `check_sizes(sizes)` holds the rules that need the model's n_layers, n_heads

@@ -17,7 +17,7 @@ from blockscope.cli.text_options import Sweep
 
 
 @dataclass
-class Patch(Options):
+class PatchOptions(Options):
     name: ClassVar[str] = "patch"
     clean: Annotated[str, typer.Option(help="The clean prompt, e.g. 'The capital of France "
                                        "is'.", show_default=False)]
@@ -50,7 +50,7 @@ class Patch(Options):
 
 
 @command
-def patch(o: Patch) -> None:
+def patch(o: PatchOptions) -> None:
     """Activation patching: run the corrupted prompt with one activation of the clean run
     written back, at every (layer, position) or (layer, head), and see how much of the
     clean answer comes back (0: corrupted, 1: clean).

@@ -11,14 +11,14 @@ from blockscope.choices import BlockOrder
 from blockscope.cli.common import command, err, out, styled
 from blockscope.cli.corpus_run import passage_command, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
-from blockscope.cli.text_options import Passage, Sweep, Window
+from blockscope.cli.text_options import PassageOptions, Sweep, WindowOptions
 from blockscope.errors import BadValue
 
 
 @dataclass
 class PruneBlocks(Options):
     name: ClassVar[str] = "prune-blocks"
-    passage: Passage = group(Passage)
+    passage: PassageOptions = group(PassageOptions)
     load: Load = group(Load)
     order: Annotated[list[BlockOrder] | None, typer.Option(
         help="Removal order: greedy (SLEB), ablation, influence (ShortGPT), angular (Gromov "
@@ -30,7 +30,7 @@ class PruneBlocks(Options):
         help="Stop after this many blocks (default: all of them).")] = None
     seed: Annotated[int, typer.Option(
         help="Seed of the random order, the bootstrap and --shuffle.")] = 0
-    window: Window = group(Window)
+    window: WindowOptions = group(WindowOptions)
     sweep: Sweep = group(Sweep)
     out: Output = group(Output)
 

@@ -13,9 +13,9 @@ from blockscope.cli.corpus_run import passage_command, stability_line, uncertain
 from blockscope.cli.options import Load, Options, Output, comma_list, group
 from blockscope.cli.text_options import (
     MethodOpt,
-    Passage,
+    PassageOptions,
     Sweep,
-    Window,
+    WindowOptions,
     check_resample,
     resample_record,
 )
@@ -25,7 +25,7 @@ from blockscope.errors import BadValue
 @dataclass
 class PruneHeads(Options):
     name: ClassVar[str] = "prune-heads"
-    passage: Passage = group(Passage)
+    passage: PassageOptions = group(PassageOptions)
     load: Load = group(Load)
     method: MethodOpt = Method.zero
     order: Annotated[list[HeadOrder] | None, typer.Option(
@@ -40,7 +40,7 @@ class PruneHeads(Options):
     layers: Annotated[str | None, typer.Option(
         help="Single-head sweep only these layers, e.g. 0,5,11.")] = None
     heads: Annotated[str | None, typer.Option(help="Single-head sweep only these heads.")] = None
-    window: Window = group(Window)
+    window: WindowOptions = group(WindowOptions)
     sweep: Sweep = group(Sweep)
     out: Output = group(Output)
 

@@ -11,7 +11,7 @@ import typer
 from blockscope.cli.common import command, err, out
 from blockscope.cli.corpus_run import passage_command, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
-from blockscope.cli.text_options import Passage, Sweep, Window
+from blockscope.cli.text_options import PassageOptions, Sweep, WindowOptions
 from blockscope.errors import BadValue
 
 
@@ -20,9 +20,9 @@ class Arrangements(str, Enum):
 
 
 @dataclass
-class Rearrange(Options):
+class RearrangeOptions(Options):
     name: ClassVar[str] = "rearrange"
-    passage: Passage = group(Passage)
+    passage: PassageOptions = group(PassageOptions)
     load: Load = group(Load)
     swap: Annotated[list[str] | None, typer.Option(
         help="Swap blocks i,j (e.g. 3,4); repeatable, one row each.", metavar="I,J")] = None
@@ -38,7 +38,7 @@ class Rearrange(Options):
         "--sweep", help="A whole sweep: adjacent-swaps (every adjacent pair swapped, one "
         "at a time).", metavar="SWEEP")] = None
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and --shuffle.")] = 0
-    window: Window = group(Window)
+    window: WindowOptions = group(WindowOptions)
     sweep: Sweep = group(Sweep)
     out: Output = group(Output)
 
@@ -64,7 +64,7 @@ class Rearrange(Options):
 
 
 @command
-def rearrange(o: Rearrange) -> None:
+def rearrange(o: RearrangeOptions) -> None:
     """Run blocks in another arrangement (swapped, reversed, repeated, or side by side) and
     report perplexity and the KL divergence from the clean model, one row per arrangement.
 

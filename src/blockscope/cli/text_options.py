@@ -118,7 +118,7 @@ def resample_record(method: Method, df) -> dict:
 
 
 @dataclass
-class Window(Options):
+class WindowOptions(Options):
     """How a passage is cut into the model's context."""
 
     max_tokens: Annotated[int | None, typer.Option(
@@ -152,7 +152,7 @@ class Sweep(Options):
 
 
 @dataclass
-class Passage(Options):
+class PassageOptions(Options):
     """What the perplexity commands score: a passage (data/alice.txt when neither --text
     nor --dataset is given) or a corpus, and its bootstrap."""
 
@@ -167,7 +167,7 @@ class Passage(Options):
         if self.text is None and self.data.dataset is None:
             self.text = DEFAULT_TEXT
 
-    def source(self, seed: int, window: Window):
+    def source(self, seed: int, window: WindowOptions):
         """As one `corpus.Source`, cut as `window` says (checked)."""
         return self.data.source(self.text, shuffle=self.shuffle, seed=seed,
                                 prepend_bos=window.prepend_bos, max_tokens=window.max_tokens)
