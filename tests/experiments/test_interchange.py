@@ -14,7 +14,7 @@ from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps import resume
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import LogitDiff
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 from ..builders import save_checkpoint
 from ..references import hf_capture, hf_knockout_mask_hook, hf_modules, hf_run

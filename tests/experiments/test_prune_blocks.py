@@ -160,7 +160,7 @@ def test_shared_skips_are_found_by_value_not_by_object():
 
     from blockscope.interventions import SkipBlock
     from blockscope.sweeps.entries import shared_skips
-    from blockscope.sweeps.sweep import Variant
+    from blockscope.sweeps.variant import Variant
 
     fill = torch.ones(4)
     a = Variant({}, (SkipBlock(1), SkipBlock(2, fill), SkipBlock(3)))

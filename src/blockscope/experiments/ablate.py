@@ -19,7 +19,7 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Resampled, intervention
 from blockscope.sweeps import plan
 from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.sweep import Progress, Variant
+from blockscope.sweeps.variant import Progress, Variant
 
 
 def check_method(part: str, method: str) -> None:

@@ -24,7 +24,7 @@ from blockscope.interventions import Resampled, ScaleHeads
 from blockscope.sweeps import plan
 from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.sweep import Progress, Variant
+from blockscope.sweeps.variant import Progress, Variant
 
 # What prune-heads' figures mean, for its sidecar.
 MEANINGS = {

@@ -20,7 +20,7 @@ from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit, Knockout, Site
 from blockscope.sweeps.interchange import Run, edit_hooks, sweep
 from blockscope.sweeps.metrics import TargetProb
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 EDGES = ("subject", "non_subject", "last")
 

@@ -17,7 +17,7 @@ from blockscope.errors import BadValue
 from blockscope.interventions.interchange import Edit, Patch, Site
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import LogitDiff, TargetLogProb
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 SITES = {"resid-pre": "hook_resid_pre", "attn-out": "hook_attn_out",
          "mlp-out": "hook_mlp_out", "z": "attn.hook_z"}

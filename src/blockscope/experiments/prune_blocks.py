@@ -29,7 +29,7 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import SkipBlock
 from blockscope.sweeps import plan
 from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.sweep import Progress, Variant
+from blockscope.sweeps.variant import Progress, Variant
 
 ORDERS = tuple(BlockOrder)  # every order, in the order the CLI lists them
 ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",

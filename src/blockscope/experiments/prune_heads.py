@@ -19,7 +19,7 @@ from blockscope.interventions import head_edits
 from blockscope.sweeps import plan
 from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.sweep import Progress, Variant
+from blockscope.sweeps.variant import Progress, Variant
 
 # What each pruning step records of its run (the intervals are paired with step 0).
 ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",

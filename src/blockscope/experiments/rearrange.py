@@ -19,7 +19,7 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Rearrange
 from blockscope.sweeps import plan
 from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.sweep import Progress, Variant
+from blockscope.sweeps.variant import Progress, Variant
 
 KINDS = ("swap", "reverse", "repeat", "parallel")
 COLUMNS = ["variant", "arrangement", "kind", "first", "last", "order", "n_scored", "nll",

@@ -22,7 +22,7 @@ from blockscope.errors import BadValue
 from blockscope.interventions.interchange import AddNoise, Edit, Patch, Site
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import TargetProb
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 KINDS = ("resid", "mlp", "attn")
 POINT = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}

@@ -4,6 +4,6 @@ mask's `gradient`. The engine's parts (clean, engine, steps, replay, replay_rota
 selfcheck, unembed) are private to this package."""
 
 from blockscope.sweeps.plan import Prepared, Scores, prepare, run, scores
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 __all__ = ["Prepared", "Scores", "Variant", "prepare", "run", "scores"]

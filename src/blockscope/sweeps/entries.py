@@ -13,7 +13,7 @@ import torch
 from blockscope.interventions import ScaleHeads, hooks
 from blockscope.model import arch
 from blockscope.sweeps import clean, engine, replay, steps
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 
 def start(model, lay: arch.Layout, v: Variant, base: tuple = ()) -> engine.Start:

@@ -30,7 +30,7 @@ from blockscope.choices import Engine, one_of
 from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,14 +24,13 @@ from blockscope.model import arch
 from blockscope.sweeps import clean, engine, selfcheck, stats, steps
 from blockscope.sweeps.entries import shared_skips, start
 from blockscope.sweeps.sweep import (
-    Progress,
-    Variant,
     activations,
     clean_sums,
     model_windows,
     naive_nlls,
     partners,
 )
+from blockscope.sweeps.variant import Progress, Variant
 
 
 def check_engine(name: str) -> None:

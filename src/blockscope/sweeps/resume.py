@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from blockscope.sweeps import engine, replay, selfcheck, steps
-from blockscope.sweeps.sweep import Variant
+from blockscope.sweeps.variant import Variant
 
 INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
           "hook_resid_mid", "hook_mlp_out")  # the sites a block step writes, in order

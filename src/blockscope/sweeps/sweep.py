@@ -10,22 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from blockscope.inputs.text import Window, windows
-from blockscope.interventions import Intervention, applied, hooks
-
-Progress = Callable[..., None]  # cb() advances one step; cb(total=n) sets the total
-
-
-@dataclass
-class Variant:
-    """One intervention to score."""
-
-    label: dict  # columns this variant contributes to its row (e.g. {"layer": 3})
-    edits: tuple[Intervention, ...] = field(default_factory=tuple)  # what it changes
+from blockscope.interventions import applied, hooks
+from blockscope.sweeps.variant import Progress, Variant
 
 
 def default_stride(n_ctx: int) -> int:
