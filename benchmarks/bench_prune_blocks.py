@@ -94,7 +94,7 @@ def flops(model, ids) -> tuple[float, float]:
     """FLOPs of one block and of one final norm + unembedding on these tokens (block 0 with
     the arguments the clean pass gave it: rotary position embeddings, mask)."""
     from blockscope.sweeps.clean import clean_pass
-    from blockscope.sweeps.sweep import model_windows
+    from blockscope.sweeps.naive import model_windows
 
     c = clean_pass(model, ids, model_windows(model, ids, None)[0])
     args, kwargs = c.block_args[0]

@@ -149,7 +149,7 @@ def torchrun(*args, env=None):
 def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
     """Documents split across two gloo ranks: the sweeps' per-document sums, the gradient
     importance's sum and the curves join to the single-process CSVs (torchrun is tested
-    here once: ablate's ranks join through the same plan.gather_units and parallel.total);
+    here once: ablate's ranks join through the same scoring.gather_units and parallel.total);
     rank 0 alone writes."""
     args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 5, "--step", 4,
             "--bootstrap", 50, "--no-plot", "-q"]
@@ -178,7 +178,7 @@ def test_a_failing_rank_says_so_and_writes_nothing(tiny_dir, tmp_path, corpus, m
     exits 1 (which fails torchrun's whole run) and nothing is written. In one process with
     rank 1's environment: torchrun itself is launched once, for the equality above."""
     from blockscope.inputs import parallel
-    from blockscope.sweeps import plan
+    from blockscope.sweeps import scoring
 
     def broken(*a, **k):
         raise RuntimeError("injected failure on rank 1")
@@ -187,7 +187,7 @@ def test_a_failing_rank_says_so_and_writes_nothing(tiny_dir, tmp_path, corpus, m
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(parallel, "from_env", lambda device: parallel.Comm(rank=1, size=2))
     monkeypatch.setattr(parallel, "finish", lambda: None)
-    monkeypatch.setattr(plan, "_score", broken)
+    monkeypatch.setattr(scoring, "_score", broken)
     res = CliRunner().invoke(app, ["ablate", "--dataset", str(corpus), "--model", str(tiny_dir),
                                    "--n-tokens", "300", "--out-dir", str(tmp_path / "out")])
     assert res.exit_code == 1

@@ -11,7 +11,7 @@ from blockscope.errors import BadValue
 from blockscope.experiments.heads import head_importance, one_head_per_layer, single_head_ablation
 from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, mask_heads
-from blockscope.sweeps.sweep import model_windows, token_nll
+from blockscope.sweeps.naive import model_windows, token_nll
 
 from ..references import hf_ppl
 

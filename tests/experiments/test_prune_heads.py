@@ -8,7 +8,7 @@ import pytest
 from blockscope.errors import BadValue
 from blockscope.experiments.prune_heads import prunable, pruning_curve
 from blockscope.inputs.text import tokenize
-from blockscope.sweeps.sweep import model_windows, token_nll
+from blockscope.sweeps.naive import model_windows, token_nll
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."

@@ -106,9 +106,9 @@ def test_a_slip_in_the_rearranged_entry_falls_back(tiny, monkeypatch):
         return replace(s, resid=lambda c, plain, f=s.resid: f(c, plain) * 1.01)
 
     monkeypatch.setattr(entries, "start", slipped)
-    from blockscope.sweeps import plan
+    from blockscope.sweeps import scoring
 
-    monkeypatch.setattr(plan, "start", slipped)
+    monkeypatch.setattr(scoring, "start", slipped)
     got = rearranged(tiny, ids, arrs)
     assert "rearranged entry" in got.attrs["engine"]["fallback"]
     assert got["nll"].tolist() == pytest.approx(naive["nll"].tolist(), rel=1e-12)

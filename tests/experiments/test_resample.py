@@ -14,7 +14,7 @@ from blockscope.experiments.heads import prepare, single_head_ablation
 from blockscope.inputs.corpus import Docs
 from blockscope.inputs.text import tokenize
 from blockscope.model.loading import load_model, spec_for
-from blockscope.sweeps.sweep import partners
+from blockscope.sweeps.naive import partners
 
 from ..builders import save_checkpoint
 from ..references import input_hook, layers, output_hook, sub, writes

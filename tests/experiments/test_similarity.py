@@ -9,7 +9,7 @@ import torch
 from blockscope.experiments.ablate import block_ablation, metric_correlations
 from blockscope.experiments.similarity import spearman
 from blockscope.inputs.text import tokenize
-from blockscope.sweeps.sweep import model_windows
+from blockscope.sweeps.naive import model_windows
 
 
 def hf_block_io(hf, ids):

@@ -199,12 +199,12 @@ def test_bootstrap_is_seeded_and_narrows_with_more_documents(tiny, tmp_path):
     many = write_jsonl(tmp_path / "many.jsonl", [x[i:i + 150] for x in p for i in (0, 150, 300)
                                                   if x[i:i + 150].strip()] * 2)
 
-    from blockscope.sweeps import plan
+    from blockscope.sweeps import scoring
 
     scored = {}
     for path in (few, many):  # one sweep (the baseline) per corpus, its intervals redrawn
         docs = load_docs(Source(dataset=str(path)), tiny.tokenizer)
-        scored[path] = plan.scores(tiny, docs, [], prepared=plan.prepare(
+        scored[path] = scoring.scores(tiny, docs, [], prepared=scoring.prepare(
             tiny, docs, engine_name="cached"))
 
     def interval(path, seed):

@@ -199,11 +199,11 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
     leaves out): some of a layer's; a whole layer's, and all but one head of another (a
     grouped-query K/V head no kept head reads). Elsewhere it runs through the bridge, and
     nothing falls back. A removed head's importance is 0 either way."""
-    from blockscope.sweeps import plan
+    from blockscope.sweeps import scoring
     from blockscope.sweeps.gradient import gradient_pass
 
     family, model, _, ids = fam
-    prepared = plan.prepare(model, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(model, ids, engine_name="cached", heads=True)
     last = model.cfg.n_layers - 1
     for removed in ([(last, slice(0, 2))], [(0, slice(None)), (last, slice(1, None))]):
         keep = torch.ones(model.cfg.n_layers, model.cfg.n_heads)

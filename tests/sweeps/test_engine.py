@@ -10,7 +10,7 @@ from blockscope.experiments.prune_heads import pruning_curve
 from blockscope.inputs.text import tokenize
 from blockscope.sweeps.clean import clean_pass
 from blockscope.sweeps.engine import CPU_BATCH, default_batch_size
-from blockscope.sweeps.sweep import model_windows, token_nll
+from blockscope.sweeps.naive import model_windows, token_nll
 
 from ..drive import engine_sweep, perplexity_row
 
@@ -196,14 +196,14 @@ def test_one_batch_of_mixed_entry_points(tiny, ids, plain, monkeypatch):
 def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch):
     """If the plain replay applied the head mask wrongly (here: not at all), the self-check
     against the hooked model catches it: the bridge's gradient is used, and that is said."""
-    from blockscope.sweeps import plan, replay
+    from blockscope.sweeps import replay, scoring
     from blockscope.sweeps.gradient import gradient_pass
 
     keep = torch.ones(3, 4)
     keep[2, 1] = 0
     want = gradient_pass(tiny, ids, keep=keep)
     monkeypatch.setattr(replay, "scaled", lambda z, keep: z)
-    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
     got = gradient_pass(tiny, ids, keep=keep, prepared=prepared)
     assert "head-mask gradient differs" in got[2].how["fallback"]
     assert got[2].how["replay"] == "bridge"
@@ -216,10 +216,10 @@ def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monke
     self-check holds that path too, even after a check at a mask that removes no head (as in
     prune-heads: the importance of the whole model, then the pruning steps): a replay that
     left out the wrong head is caught, and the bridge's gradient is used."""
-    from blockscope.sweeps import plan, replay
+    from blockscope.sweeps import replay, scoring
     from blockscope.sweeps.gradient import gradient_pass
 
-    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
     whole = gradient_pass(tiny, ids, prepared=prepared)
     assert whole[2].how["replay"] == "plain" and "fallback" not in whole[2].how
     keep = torch.ones(3, 4)
@@ -238,10 +238,10 @@ def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
     """The self-check's own plain pass is the result: with a check at the whole model and one
     at the first mask that removes a head, three gradient passes run the plain replay three
     times a window, not five, and give what they gave when the check's pass was run again."""
-    from blockscope.sweeps import plan, replay
+    from blockscope.sweeps import replay, scoring
     from blockscope.sweeps.gradient import gradient_pass
 
-    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
     keep = torch.ones(3, 4)
     keep[1, 2] = 0
     calls, real = [], replay.masked_nll
@@ -293,7 +293,7 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
     says so, and gives the reference's numbers; without the slip it does not fall back."""
     from dataclasses import replace
 
-    from blockscope.sweeps import entries, plan
+    from blockscope.sweeps import entries, scoring
 
     sweep = ((lambda **kw: block_ablation(tiny, ids, part="block", method="mean", stride=100,
                                           **kw)) if slip == "block fill" else
@@ -315,7 +315,7 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
             return replace(s, resid=lambda c, f=s.resid: 2 * base(c) - f(c))  # - delta
         return s
 
-    monkeypatch.setattr(plan, "start", slipped)
+    monkeypatch.setattr(scoring, "start", slipped)
     caught = sweep()
     kind = "block" if slip == "block fill" else "heads"
     assert f"its {kind} entry" in caught.attrs["engine"]["fallback"]

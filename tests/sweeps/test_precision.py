@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from blockscope.sweeps.sweep import nll_of
+from blockscope.sweeps.naive import nll_of
 
 
 def test_nll_of_is_the_float64_log_softmax():
@@ -52,7 +52,7 @@ def test_engines_agree_far_inside_the_margin_at_a_large_vocabulary(big_vocab):
 def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypatch):
     """With the first check made stricter than float32 can meet (as a 30-block model's
     gradients are, at 1e-5), a correct replay is judged against a float64 pass and kept."""
-    from blockscope.sweeps import plan, selfcheck
+    from blockscope.sweeps import scoring, selfcheck
     from blockscope.sweeps.gradient import gradient_pass
 
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
@@ -61,7 +61,7 @@ def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypa
     float64_pass = selfcheck._float64_pass
     monkeypatch.setattr(selfcheck, "_float64_pass",
                         lambda *a: called.append(1) or float64_pass(*a))
-    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
     got = gradient_pass(tiny, ids, prepared=prepared)
     assert called and got[2].how["replay"] == "plain" and "fallback" not in got[2].how
     assert next(tiny.parameters()).dtype == torch.float32  # put back after the float64 pass
@@ -70,13 +70,13 @@ def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypa
 
 
 def test_a_wrong_replay_still_falls_back_under_the_float64_judge(tiny, monkeypatch):
-    from blockscope.sweeps import plan, replay, selfcheck
+    from blockscope.sweeps import replay, scoring, selfcheck
     from blockscope.sweeps.gradient import gradient_pass
 
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(selfcheck, "REL", 1e-13)
     monkeypatch.setattr(replay, "scaled", lambda z, keep: z)  # the mask not applied
-    prepared = plan.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
     got = gradient_pass(tiny, ids, prepared=prepared)
     assert "differs from a float64 pass" in got[2].how["fallback"]
     assert got[2].how["replay"] == "bridge"

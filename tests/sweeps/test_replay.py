@@ -10,8 +10,8 @@ from blockscope.model import arch
 from blockscope.sweeps import replay, selfcheck
 from blockscope.sweeps.clean import clean_pass, kept_names
 from blockscope.sweeps.engine import Start
+from blockscope.sweeps.naive import model_windows, token_nll
 from blockscope.sweeps.steps import plain_parts
-from blockscope.sweeps.sweep import model_windows, token_nll
 
 from ..drive import engine_sweep, perplexity_row
 

@@ -115,7 +115,7 @@ def decomposed(o: Ablate, run, started: float) -> None:
     from blockscope.results.render import progress_bar
 
     part, method = o.part.value, o.method.value
-    from blockscope.sweeps.sweep import model_windows
+    from blockscope.sweeps.naive import model_windows
 
     n_windows = sum(len(model_windows(run.model, ids, o.window.stride)) for ids in run.docs.ids)
     with progress_bar(err, n_windows, f"splitting each removal ({REMOVED[part]})",

@@ -81,7 +81,7 @@ class CorpusRun:
     def meta(self, command: str, **more) -> dict:
         """The sidecar fields every passage command records, plus `more`."""
         from blockscope.results.files import sidecar
-        from blockscope.sweeps.sweep import default_stride
+        from blockscope.sweeps.naive import default_stride
 
         n_ctx = self.model.cfg.n_ctx
         data = ({"text": {"path": str(self.passage.path), "sha256": self.passage.sha256},
@@ -127,7 +127,7 @@ def corpus_run(source, load, *, quiet: bool, check=None, stride: int | None = No
         err.print(f"note: --max-tokens {source.max_tokens:,}, but {passage.path.name} has "
                   f"{n_text:,} tokens: using all of them", highlight=False, soft_wrap=True)
     if passage is not None:
-        from blockscope.sweeps.sweep import model_windows
+        from blockscope.sweeps.naive import model_windows
 
         n_win = len(model_windows(lm, run.tokens, stride))
         err.print(f"{run.describe()}, {n_win} window{'s' * (n_win != 1)} of up to "

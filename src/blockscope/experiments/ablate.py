@@ -17,7 +17,7 @@ from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity, spearman
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Resampled, intervention
-from blockscope.sweeps import plan
+from blockscope.sweeps import scoring
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.variant import Progress, Variant
 
@@ -60,7 +60,7 @@ def block_ablation(
     """
     one_of(Part, part, "part")
     one_of(Method, method, "method")
-    plan.check_engine(engine)
+    scoring.check_engine(engine)
     check_method(part, method)
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
@@ -70,7 +70,7 @@ def block_ablation(
     variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
                                   stride=stride, engine=engine, seed=seed)
     similarity = BlockSimilarity(n_layers, part)  # from the clean passes either engine runs
-    df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
+    df = scoring.run(model, docs, variants, prepared=prepared, stride=stride,
                   batch_size=batch_size, progress=progress, ci=ci, on_clean=similarity.add)
     similarity = similarity.joined(docs.comm)
     df["layer"] = df["layer"].astype("Int64")
@@ -79,18 +79,18 @@ def block_ablation(
     df = df.merge(similarity.frame(), on="layer", how="left")[COLUMNS + CI_COLUMNS]
     df.attrs = attrs  # how the engine ran (merge drops it)
     if method == "resample":
-        df.attrs["resample"] = plan.pairing(docs, prepared)
+        df.attrs["resample"] = scoring.pairing(docs, prepared)
     return df
 
 
 def removals(model, docs, *, part: str, method: str, layers: list[int], stride: int | None,
-             engine: str, seed: int) -> tuple[list[Variant], plan.Prepared]:
+             engine: str, seed: int) -> tuple[list[Variant], scoring.Prepared]:
     """One variant per removed layer (its fill made as `method` says), and the prepared
     clean passes and means they were made from."""
     edits = [intervention(part, i) for i in layers]
     names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
     drawn = [e.point for e in edits] if method == "resample" else []
-    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names,
+    prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names,
                             resample=drawn, seed=seed)
     if method == "mean":
         edits = [e.with_mean(prepared.means) for e in edits]
@@ -113,12 +113,12 @@ def decomposed(model, tokens, *, part: str = "block", method: str = "zero",
     layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
     variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
                                   stride=stride, engine="naive", seed=seed)
-    per_doc = [plan.resampled(model, docs, k, variants, prepared) for k in range(len(docs.ids))]
+    per_doc = [scoring.resampled(model, docs, k, variants, prepared) for k in range(len(docs.ids))]
     df, tokens_df = decompose(model, docs, per_doc, part=part, stride=stride,
                               progress=progress)
     df.insert(3, "method", method)
     if method == "resample":
-        df.attrs["resample"] = plan.pairing(docs, prepared)
+        df.attrs["resample"] = scoring.pairing(docs, prepared)
     return df, tokens_df
 
 

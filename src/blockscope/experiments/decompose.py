@@ -30,7 +30,7 @@ import torch
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import applied, hooks
 from blockscope.model.arch import layout
-from blockscope.sweeps.sweep import model_windows
+from blockscope.sweeps.naive import model_windows
 
 TOLERANCE = 1e-4  # of the centred logit's scale: float32 rounding of the writes
 MEANING = {

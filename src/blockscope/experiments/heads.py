@@ -21,7 +21,7 @@ from blockscope.choices import Method, one_of
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Resampled, ScaleHeads
-from blockscope.sweeps import plan
+from blockscope.sweeps import scoring
 from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.variant import Progress, Variant
@@ -37,7 +37,7 @@ MEANINGS = {
 
 
 def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
-            engine: str = "cached", seed: int = 0) -> plan.Prepared:
+            engine: str = "cached", seed: int = 0) -> scoring.Prepared:
     """The clean passes (or NLL) and, for `method` mean, the clean mean z (for resample, the
     documents' partners, drawn with `seed`) that every head experiment below starts from:
     computed once, passed to each as `prepared=`."""
@@ -45,8 +45,8 @@ def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
 
 
 def prepare_fill(model, docs, stride, method: str, engine: str,
-                 prepared: plan.Prepared | None = None, seed: int = 0
-                 ) -> tuple[plan.Prepared, dict | None]:
+                 prepared: scoring.Prepared | None = None, seed: int = 0
+                 ) -> tuple[scoring.Prepared, dict | None]:
     """`prepared` (made here if None), and `fill`: None for zero ablation, else each
     layer's clean mean z over positions (n_heads, d_head), or its z on another document
     (`Resampled`, drawn per document by the sweep)."""
@@ -54,7 +54,7 @@ def prepare_fill(model, docs, stride, method: str, engine: str,
     names = [n for i in range(model.cfg.n_layers)  # where each layer's z is read
              for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
     if prepared is None:
-        prepared = plan.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
+        prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
                                 mean_names=names if method == "mean" else (),
                                 resample=names if method == "resample" else (), seed=seed)
     elif prepared.engine != engine or not set(names) <= set(
@@ -70,7 +70,7 @@ def _head_sweep(model, docs, items, *, prepared, fill, **kw):
     """Score `items` = [(label, layer, keep (n_heads,))], each changing one layer's heads."""
     variants = [Variant(label, (ScaleHeads(layer, keep, fill[layer] if fill else None),))
                 for label, layer, keep in items]
-    return plan.run(model, docs, variants, prepared=prepared, **kw)
+    return scoring.run(model, docs, variants, prepared=prepared, **kw)
 
 
 def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -84,7 +84,7 @@ def single_head_ablation(
     model, tokens, *, method: str = "zero", stride: int | None = None,
     layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
     engine: str = "cached", batch_size: int | None = None, progress: Progress | None = None,
-    ci: Bootstrap | None = None, prepared: plan.Prepared | None = None,
+    ci: Bootstrap | None = None, prepared: scoring.Prepared | None = None,
 ) -> pd.DataFrame:
     """Baseline row, then one row per (layer, head) removed alone. `tokens`: a passage
     `(1, pos)` or `corpus.Docs`; `ci`: bootstrap intervals (`stats.frame`); `prepared`:
@@ -105,13 +105,13 @@ def single_head_ablation(
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     df.loc[0, "method"] = "none"
     if method == "resample":
-        df.attrs["resample"] = plan.pairing(docs, prepared)
+        df.attrs["resample"] = scoring.pairing(docs, prepared)
     return df
 
 
 def head_importance(
     model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
-    prepared: plan.Prepared | None = None,
+    prepared: scoring.Prepared | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(importance, normalised), each (n_layers, n_heads).
 
@@ -131,7 +131,7 @@ def one_head_per_layer(
     model, tokens, importance: torch.Tensor, *, method: str = "zero",
     stride: int | None = None, engine: str = "cached", batch_size: int | None = None,
     progress: Progress | None = None, ci: Bootstrap | None = None,
-    prepared: plan.Prepared | None = None,
+    prepared: scoring.Prepared | None = None,
 ) -> pd.DataFrame:
     """For each layer alone: keep only its most important head, other layers intact."""
     cfg = model.cfg

@@ -134,7 +134,7 @@ def triggers(model, docs, picks: list[tuple[int, int, float]], *, n_examples: in
     import heapq
 
     from blockscope.inputs.corpus import as_docs
-    from blockscope.sweeps.sweep import model_windows
+    from blockscope.sweeps.naive import model_windows
 
     docs = as_docs(docs)
     layers = sorted({la for la, _, _ in picks})

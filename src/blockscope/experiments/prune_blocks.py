@@ -27,7 +27,7 @@ from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import SkipBlock
-from blockscope.sweeps import plan
+from blockscope.sweeps import scoring
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.variant import Progress, Variant
 
@@ -106,7 +106,7 @@ def block_curve(
     if not 1 <= top <= L:
         raise BadValue(f"`max_removed` must be between 1 and {L} (got {top})")
     docs = as_docs(tokens)
-    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine)
+    prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine)
     similarity, windows = BlockSimilarity(L), WindowDistance(L)
 
     def seen(clean):
@@ -114,7 +114,7 @@ def block_curve(
         windows.add(clean)
 
     kw = dict(prepared=prepared, stride=stride, batch_size=batch_size)
-    base = plan.scores(model, docs, [], on_clean=seen, **kw)
+    base = scoring.scores(model, docs, [], on_clean=seen, **kw)
     similarity, per, total = similarity.joined(docs.comm), *block_params(model)
     windows = _joined(windows, docs.comm)
     if progress:
@@ -141,7 +141,7 @@ def block_curve(
             steps = ([list(range(f, f + n)) for n, (f, _) in enumerate(angular[:top], 1)]
                      if order == "angular" else
                      [ranked[order][:n] for n in range(1, top + 1)])
-            scores = plan.scores(model, docs, [Variant({}, tuple(skips[i] for i in s))
+            scores = scoring.scores(model, docs, [Variant({}, tuple(skips[i] for i in s))
                                                for s in steps], **kw)
             scores = [(scores, i + 1) for i in range(len(steps))]
             if progress:
@@ -161,7 +161,7 @@ def _greedy(model, docs, base, skips, top: int, kw: dict, progress):
     steps, scores = [], []
     for _ in range(top):
         left = [i for i in range(len(skips)) if i not in removed]
-        tried = plan.scores(model, docs, [Variant({}, tuple(skips[j] for j in removed + [i]))
+        tried = scoring.scores(model, docs, [Variant({}, tuple(skips[j] for j in removed + [i]))
                                           for i in left], **kw)
         totals = tried.sums[:, 1:].sum(0)  # (len(left),)
         best = int(np.argmin(totals))  # the first minimum: the lowest layer on ties
@@ -190,7 +190,7 @@ def _curve(order, base, steps, scores, per, total, ci) -> pd.DataFrame:
                      "share_params": sum(per[i] for i in blocks) / total,
                      **pair.frame(ci).iloc[1][ROW].to_dict()})
     df = pd.DataFrame(rows)[COLUMNS]
-    df.attrs["engine"] = plan.merged_how(hows)  # every replay used, every fallback
+    df.attrs["engine"] = scoring.merged_how(hows)  # every replay used, every fallback
     return df
 
 

@@ -16,7 +16,7 @@ from blockscope.errors import BadValue
 from blockscope.experiments.heads import prepare_fill, single_head_ablation
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import head_edits
-from blockscope.sweeps import plan
+from blockscope.sweeps import scoring
 from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.variant import Progress, Variant
@@ -37,7 +37,7 @@ def pruning_curve(
     method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
     seed: int = 0, engine: str = "cached", progress: Progress | None = None,
     ci: Bootstrap | None = None, importance: torch.Tensor | None = None,
-    prepared: plan.Prepared | None = None, refine: float | None = None,
+    prepared: scoring.Prepared | None = None, refine: float | None = None,
 ) -> pd.DataFrame:
     """Remove heads cumulatively, least important first, until none is left.
 
@@ -59,8 +59,8 @@ def pruning_curve(
     check_pruning(order, step)
     docs = as_docs(tokens)
     prepared, fill = prepare_fill(model, docs, stride, method, engine, prepared)
-    run = functools.partial(plan.run, model, docs, prepared=prepared, stride=stride, ci=ci)
-    base = plan.scores(model, docs, [], prepared=prepared, stride=stride)  # checked, or naive
+    run = functools.partial(scoring.run, model, docs, prepared=prepared, stride=stride, ci=ci)
+    base = scoring.scores(model, docs, [], prepared=prepared, stride=stride)  # checked, or naive
     fused = order == "gradient" and engine == "cached" and fill is None
     n_total = cfg.n_layers * cfg.n_heads
     keep = torch.ones(cfg.n_layers, cfg.n_heads)

@@ -17,7 +17,7 @@ import pandas as pd
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Rearrange
-from blockscope.sweeps import plan
+from blockscope.sweeps import scoring
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.variant import Progress, Variant
 
@@ -87,7 +87,7 @@ def rearranged(
     clean distribution (and with `ci`, bootstrap intervals).
 
     tokens: a passage `(1, pos)` or `corpus.Docs`."""
-    plan.check_engine(engine)
+    scoring.check_engine(engine)
     if not arrangements:
         raise BadValue("give at least one arrangement")
     n_layers = model.cfg.n_layers
@@ -95,11 +95,11 @@ def rearranged(
         if a.last >= n_layers:
             raise BadValue(f"`{a.name}`: the model has {n_layers} blocks")
     docs = as_docs(tokens)
-    prepared = plan.prepare(model, docs, stride=stride, engine_name=engine)
+    prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine)
     variants = [Variant({"arrangement": a.name, "kind": a.name.split()[0], "first": a.first,
                          "last": a.last, "order": a.order(n_layers)}, (a,))
                 for a in arrangements]
-    df = plan.run(model, docs, variants, prepared=prepared, stride=stride,
+    df = scoring.run(model, docs, variants, prepared=prepared, stride=stride,
                   batch_size=batch_size, progress=progress, ci=ci)
     df.loc[0, ["arrangement", "kind", "order"]] = ["none", "none",
                                                   " ".join(map(str, range(n_layers)))]

@@ -71,7 +71,7 @@ def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFra
 
     from blockscope.inputs.corpus import as_docs
     from blockscope.sweeps.clean import drop_patterns
-    from blockscope.sweeps.sweep import model_windows
+    from blockscope.sweeps.naive import model_windows
 
     docs = as_docs(tokens)
     points = stream_points(layout(model), model.cfg.n_layers)

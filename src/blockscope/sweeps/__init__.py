@@ -3,7 +3,7 @@ naive loop, or the cached engine from where each departs, self-checked), and the
 mask's `gradient`. The engine's parts (clean, engine, steps, replay, replay_rotary,
 selfcheck, unembed) are private to this package."""
 
-from blockscope.sweeps.plan import Prepared, Scores, prepare, run, scores
+from blockscope.sweeps.scoring import Prepared, Scores, prepare, run, scores
 from blockscope.sweeps.variant import Variant
 
 __all__ = ["Prepared", "Scores", "Variant", "prepare", "run", "scores"]

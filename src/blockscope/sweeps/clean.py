@@ -16,7 +16,7 @@ from blockscope.inputs.text import Window
 from blockscope.interventions import applied
 from blockscope.model import adapters
 from blockscope.sweeps import unembed
-from blockscope.sweeps.sweep import nll_from_logits, nll_of, per_position
+from blockscope.sweeps.naive import nll_from_logits, nll_of, per_position
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The clean pass of each window keeps each block's input residual (`hook_resid_pre`), the
 points the layout has between (mid residual, or each half's write in a parallel block), each
 head's `z` when asked, and the arguments the model hands each block (mask, positions). The
-variants are `sweep.Variant`s: records of interventions, the same ones the naive loop
+variants are `variant.Variant`s: records of interventions, the same ones the naive loop
 turns into hooks. `entries.start` derives from an edit and the architecture layer (`arch.py`)
 where to enter the stack:
 
@@ -20,7 +20,7 @@ where to enter the stack:
 
 Before any variant of a window runs, `selfcheck.verify` replays the clean pass from every
 entry kind the sweep will use, on one block of each kind; a mismatch beyond 1e-5 relative
-raises `ReplayMismatch`, and `plan.run` then scores every variant with the naive loop instead
+raises `ReplayMismatch`, and `scoring.run` then scores every variant with the naive loop instead
 and says why in `attrs["engine"]`. A block that holds a hook runs as the TransformerLens bridge
 block, so its hook points fire; GPT-2 blocks without hooks run as plain torch calls
 (`replay.py`) once those match the clean pass too.

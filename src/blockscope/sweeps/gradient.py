@@ -1,7 +1,7 @@
 """The head mask's gradient (Michel et al. 2019): |d(mean NLL)/d mask| for a mask
 multiplying each head's z, with the weights frozen, and the NLL of the same passes.
 
-The second way through the stack beside `plan.scores`: the plain replay with the mask
+The second way through the stack beside `scoring.scores`: the plain replay with the mask
 applied to each head's z (`interventions.ScaleHeads.apply`), once
 `selfcheck.gradient_replay` has held it to the hooked model on each window; otherwise, and
 on any mismatch (said in `how["fallback"]`), the hooked bridge. Each window's KL from the
@@ -17,15 +17,15 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
 from blockscope.interventions import applied, mask_heads
 from blockscope.model import arch
-from blockscope.sweeps import clean, plan, replay, selfcheck, unembed
+from blockscope.sweeps import clean, replay, scoring, selfcheck, unembed
+from blockscope.sweeps.naive import model_windows, window_nll
 from blockscope.sweeps.steps import fused_gelu
-from blockscope.sweeps.sweep import model_windows, window_nll
 
 
 def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
-                  prepared: plan.Prepared | None = None, kl: bool = False,
-                  ) -> tuple[torch.Tensor, torch.Tensor, plan.Scores]:
-    """`head_importance`, and the NLL of the same forward passes as `plan.Scores` (one
+                  prepared: scoring.Prepared | None = None, kl: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor, scoring.Scores]:
+    """`head_importance`, and the NLL of the same forward passes as `scoring.Scores` (one
     column: the model with heads scaled by `keep`, the hooked forward the gradient needs;
     its KL from the clean distribution with `kl`, else NaN).
 
@@ -86,7 +86,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                             model, ids, w)
                         div = _kl(model, lay, ref, x, nll.detach())
                     nlls.append(torch.stack([nll.detach().double().cpu(), div]))
-                units += plan.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
+                units += scoring.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
     finally:
         for p in params:
             p.requires_grad_(True)
@@ -95,7 +95,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
     how["replay"] = "+".join(sorted(how["replay"], reverse=True))
-    scored = plan.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
+    scored = scoring.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
     return importance, normalised, scored
 
 

@@ -21,7 +21,7 @@ from torch.nn.modules import module as torch_module
 from blockscope.interventions import ScaleHeads
 from blockscope.model import adapters
 from blockscope.sweeps import unembed
-from blockscope.sweeps.sweep import nll_of
+from blockscope.sweeps.naive import nll_of
 
 
 @dataclass

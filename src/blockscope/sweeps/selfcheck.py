@@ -12,7 +12,7 @@ max abs value), from every entry kind the sweep uses:
 - the final norm and unembedding (softcapping included) from the last residual: the NLL,
   against the model's own logits for the window's last scored positions.
 
-A failure raises `ReplayMismatch`, and `plan.scores` scores that document with the naive
+A failure raises `ReplayMismatch`, and `scoring.scores` scores that document with the naive
 loop instead, saying so. Never a silent wrong number. The identities say the replay is
 right; `check_variants` (below) then holds what each entry writes: the first variant of each
 kind, as the engine scored it, against the hooked model on the first window's first tokens.
@@ -26,9 +26,9 @@ from blockscope.inputs.text import Window
 from blockscope.model import adapters
 from blockscope.sweeps import replay, steps, unembed
 from blockscope.sweeps.clean import Clean
+from blockscope.sweeps.naive import naive_nlls
 from blockscope.sweeps.replay_rotary import ReplayArgsMissing
 from blockscope.sweeps.steps import ReplayMismatch
-from blockscope.sweeps.sweep import naive_nlls
 
 REL = 1e-5  # float32; half precision gets its own rounding scale (see tolerance)
 
@@ -160,7 +160,7 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     of the side to use (the plain replay's if it agreed, else the hooked model's), so the
     caller need not compute them again; else None."""
     from blockscope.interventions import applied, mask_heads
-    from blockscope.sweeps.sweep import nll_from_logits
+    from blockscope.sweeps.naive import nll_from_logits
 
     hooked = tuple(name for name, point in model.hook_dict.items() if point.has_hooks())
     key = ("gradient", hooked, bool((mask == 0).any()))
@@ -212,7 +212,7 @@ def _float64_pass(model, clean: Clean, mask: torch.Tensor) -> list[torch.Tensor]
     """[NLL, gradient] of the hooked model with heads scaled by `mask`, on `clean`'s window,
     with the HF model's weights and buffers in float64 for the pass (cast back after)."""
     from blockscope.interventions import applied, mask_heads
-    from blockscope.sweeps.sweep import nll_from_logits
+    from blockscope.sweeps.naive import nll_from_logits
 
     hf = model.original_model  # the bridge runs the HF modules' own weights
     dtype = next(hf.parameters()).dtype

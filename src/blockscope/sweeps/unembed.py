@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from blockscope.inputs.text import Window
-from blockscope.sweeps.sweep import nll_from_logits
+from blockscope.sweeps.naive import nll_from_logits
 
 
 class ChunkedNLL(torch.autograd.Function):

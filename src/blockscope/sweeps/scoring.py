@@ -1,6 +1,6 @@
 """How a sweep of variants runs: the naive loop, or the engine from where each one departs.
 
-Experiments build `sweep.Variant`s (labels plus interventions) and call `run`; they never
+Experiments build `variant.Variant`s (labels plus interventions) and call `run`; they never
 reach into the engine. `entries.start` turns each intervention into an engine entry
 point; `run` falls back to the naive loop, loudly, when the engine's self-check fails.
 """
@@ -23,7 +23,7 @@ from blockscope.interventions import resample
 from blockscope.model import arch
 from blockscope.sweeps import clean, engine, selfcheck, stats, steps
 from blockscope.sweeps.entries import shared_skips, start
-from blockscope.sweeps.sweep import (
+from blockscope.sweeps.naive import (
     activations,
     clean_sums,
     model_windows,

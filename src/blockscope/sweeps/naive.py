@@ -3,7 +3,7 @@
 `naive_nlls(model, tokens, variants)` scores the clean model and each variant (a label plus
 its interventions, run as their hooks) with one hooked forward per variant over the
 same sliding windows, and returns each one's per-token NLL. The cached engine (engine.py)
-must give the same numbers; `plan.scores` turns either into per-document sums.
+must give the same numbers; `scoring.scores` turns either into per-document sums.
 """
 
 from __future__ import annotations
