@@ -114,3 +114,14 @@ def four_blocks(request, tmp_path_factory, alice_text):
     hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     ids = tokenize(model.tokenizer, alice_text, prepend_bos=True, max_tokens=40)
     return family, model, hf, ids
+
+
+# The longest modules first: under `--dist loadscope` a module runs whole on one worker, so
+# one that starts last sets the suite's wall time while the other worker idles.
+LONGEST_FIRST = ("tests/model/test_families.py", "tests/sweeps/test_engine.py",
+                 "tests/cli/test_corpus_cli.py", "tests/inputs/test_corpus.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

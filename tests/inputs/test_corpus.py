@@ -144,18 +144,24 @@ def test_no_documents_and_unknown_hub_id_offline(tiny, tmp_path):
         load_docs(Source(text=ALICE, dataset=str(empty)), tiny.tokenizer)
 
 
+@pytest.fixture(scope="module")
+def per_document(tiny, hf, texts):
+    """HF's per-document NLL sums and counts, clean and with block 1 deleted."""
+    sums, counts = reference_sums(hf, tiny.tokenizer, texts)
+    cut = copy.deepcopy(hf)
+    del cut.transformer.h[1]
+    return sums, counts, reference_sums(cut, tiny.tokenizer, texts)[0]
+
+
 @pytest.mark.parametrize("engine", ["cached", "naive"])
-def test_corpus_perplexity_equals_hf_per_document(tiny, hf, jsonl, texts, engine):
+def test_corpus_perplexity_equals_hf_per_document(tiny, jsonl, per_document, engine):
     """exp(total NLL / total tokens), each document alone (windows never cross one), with
     HF's labels= loss per document as the reference; skipping block 1 = deleting it."""
     docs = load_docs(Source(dataset=str(jsonl)), tiny.tokenizer)
     df = block_ablation(tiny, docs, engine=engine, ci=Bootstrap(200, seed=0))
-    sums, counts = reference_sums(hf, tiny.tokenizer, texts)
+    sums, counts, cut_sums = per_document
     assert df.loc[0, "n_scored"] == counts.sum()
     assert df.loc[0, "perplexity"] == pytest.approx(math.exp(sums.sum() / counts.sum()), rel=REL)
-    cut = copy.deepcopy(hf)
-    del cut.transformer.h[1]
-    cut_sums, _ = reference_sums(cut, tiny.tokenizer, texts)
     assert df.loc[2, "perplexity"] == pytest.approx(math.exp(cut_sums.sum() / counts.sum()),
                                                     rel=REL)
 
