@@ -36,6 +36,7 @@ from blockscope.experiments.prune_blocks import block_curve  # noqa: E402
 from blockscope.inputs.text import read_passage, tokenize  # noqa: E402
 from blockscope.model.loading import load_model, spec_for  # noqa: E402
 from blockscope.sweeps import replay, steps  # noqa: E402
+from blockscope.sweeps.settings import RunSettings
 
 ALICE = Path(__file__).resolve().parent.parent / "data" / "alice.txt"
 
@@ -201,7 +202,7 @@ def main() -> None:
           f"x{cached_s / exact_s:.3f} of it")
     if not args.skip_naive:
         (naive, _), naive_s, naive_rows = counted(
-            lambda: block_curve(model, ids, engine="naive", **kw))
+            lambda: block_curve(model, ids, **kw, settings=RunSettings(engine="naive")))
         same = (naive[0]["removed"] == curve["removed"]).all()
         rel = float(((naive[0]["nll"] - curve["nll"]).abs() / naive[0]["nll"]).max())
         print(f"naive: {naive_s:.2f} s ({naive_s / cached_s:.2f}x the cached engine); same "

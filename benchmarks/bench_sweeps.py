@@ -54,6 +54,7 @@ from blockscope.experiments.heads import head_importance, single_head_ablation  
 from blockscope.inputs.text import read_passage, tokenize  # noqa: E402
 from blockscope.model.loading import load_model, spec_for  # noqa: E402
 from blockscope.model.toy import gpt2_tokenizer, save_gpt2_checkpoint  # noqa: E402
+from blockscope.sweeps.settings import RunSettings
 
 # A Llama at GPT-2 small's size: grouped-query attention (4 K/V heads), SwiGLU 2048.
 LLAMA_SMALL = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
@@ -258,7 +259,7 @@ def interleaved(model, ids, repeat: int) -> None:
         for _ in range(repeat):
             for engine in times:
                 start = time.perf_counter()
-                frames[engine] = fn(model, ids, engine=engine)
+                frames[engine] = fn(model, ids, settings=RunSettings(engine=engine))
                 times[engine].append(time.perf_counter() - start)
         med = {e: statistics.median(t) for e, t in times.items()}
         print(f"{kind} sweep, alternating: naive {med['naive']:.2f} s "
@@ -307,18 +308,20 @@ def run(args, model_dir: str, arch: str) -> None:
     report("one forward", forward, args.repeat, f1)
     n_blocks, n_heads = model.cfg.n_layers, model.cfg.n_layers * model.cfg.n_heads
     naive_blocks = report("block sweep, naive (default malloc)",
-                          lambda: block_ablation(model, ids, engine="naive"), args.repeat,
+                          lambda: block_ablation(model, ids,
+                                                 settings=RunSettings(engine="naive")), args.repeat,
                           f1 * (n_blocks + 1))
     naive_heads, ref = None, {}
-    naive_blocks_df = block_ablation(model, ids, engine="naive")
+    naive_blocks_df = block_ablation(model, ids, settings=RunSettings(engine="naive"))
     if not args.skip_naive_heads:
         naive_heads = report("head sweep, naive (default malloc)",
                              lambda: ref.update(heads=single_head_ablation(model, ids,
-                                                                           engine="naive")),
+                                                                           settings=RunSettings(engine="naive"))),
                              args.repeat, f1 * (n_heads + 1))
     print(f"allocator tuned (mallopt): {tune_allocator()}")
     tuned_blocks = report("block sweep, naive (tuned malloc)",
-                          lambda: block_ablation(model, ids, engine="naive"), args.repeat,
+                          lambda: block_ablation(model, ids,
+                                                 settings=RunSettings(engine="naive")), args.repeat,
                           f1 * (n_blocks + 1))
     last = {}
     fast_blocks = report("block sweep, engine",

@@ -28,6 +28,7 @@ from blockscope.experiments import facts as fx  # noqa: E402
 from blockscope.experiments import trace  # noqa: E402
 from blockscope.model.loading import load_model, spec_for  # noqa: E402
 from blockscope.sweeps import resume  # noqa: E402
+from blockscope.sweeps.settings import RunSettings
 
 
 def rate(m: int, k: int, n: int, reps: int = 20) -> float:
@@ -109,7 +110,8 @@ def main() -> None:
         totals["naive_work"] += how["naive_block_positions"]
         if args.naive:
             start = time.perf_counter()
-            b = trace.trace(model, it["tokens"], it["span"], engine="naive", **kw)
+            b = trace.trace(model, it["tokens"], it["span"], **kw,
+                            settings=RunSettings(engine="naive"))
             totals["naive"] += time.perf_counter() - start
             off = float((a["p_target"] - b["p_target"]).abs().max())
             print(f"{it['fact'].prompt!r}: {T} tokens, cached = naive to {off:.1e}")

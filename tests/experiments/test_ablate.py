@@ -8,6 +8,7 @@ import torch
 from blockscope.errors import BlockscopeError
 from blockscope.experiments.ablate import block_ablation
 from blockscope.inputs.text import tokenize
+from blockscope.sweeps.settings import RunSettings
 
 from ..references import hf_ppl, hf_sliding_ppl
 
@@ -104,7 +105,7 @@ def test_long_text_uses_sliding_windows_like_hf_guide(tiny, hf, alice_text):
     n_ctx = tiny.cfg.n_ctx
     assert ids.shape[1] > 3 * n_ctx  # several windows, never silently truncated
     for stride in (64, 100):
-        df = block_ablation(tiny, ids, stride=stride, layers=[1])
+        df = block_ablation(tiny, ids, layers=[1], settings=RunSettings(stride=stride))
         assert df.loc[0, "n_scored"] == ids.shape[1] - 1
         assert df.loc[0, "perplexity"] == pytest.approx(hf_sliding_ppl(hf, ids, n_ctx, stride),
                                                         rel=REL)

@@ -12,6 +12,7 @@ from blockscope.experiments.heads import head_importance, one_head_per_layer, si
 from blockscope.inputs.text import tokenize
 from blockscope.interventions import applied, mask_heads
 from blockscope.sweeps.naive import model_windows, token_nll
+from blockscope.sweeps.settings import RunSettings
 
 from ..references import hf_ppl
 
@@ -113,7 +114,7 @@ def test_gradient_importance_matches_a_finite_difference(tiny, ids):
 
 def test_gradient_importance_sums_over_windows(tiny, alice_text):
     ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)
-    importance, _ = head_importance(tiny, ids, stride=64)
+    importance, _ = head_importance(tiny, ids, settings=RunSettings(stride=64))
     assert torch.isfinite(importance).all() and (importance > 0).all()
 
 

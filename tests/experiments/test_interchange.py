@@ -14,6 +14,7 @@ from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps import resume
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import LogitDiff
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
 from ..builders import save_checkpoint
@@ -65,7 +66,7 @@ def test_patch_every_cell_equals_hf_hooks(pair, engine):
     model, hf = pair
     mods = hf_modules(hf)
     df = patch_exp.patch(model, CLEAN, CORRUPTED, target=TARGET, contrast=CONTRAST,
-                         sites=list(patch_exp.SITES), engine=engine)
+                         sites=list(patch_exp.SITES), settings=RunSettings(engine=engine))
     assert df.attrs["how"]["engine"] == engine
     clean, corrupted = logit_diff(hf_run(hf, CLEAN, [])), logit_diff(hf_run(hf, CORRUPTED, []))
     gap = clean - corrupted
@@ -93,8 +94,8 @@ def test_trace_every_cell_equals_hf_with_the_noise_redrawn_from_its_seed(pair):
     mods = hf_modules(hf)
     S, seed = 3, 7
     top = int(hf_run(hf, CLEAN, []).argmax())
-    df = trace_exp.trace(model, CLEAN, SPAN, target=top, samples=S, window=2, seed=seed,
-                         sever="mlp", engine="cached")
+    df = trace_exp.trace(model, CLEAN, SPAN, target=top, samples=S, window=2,
+                         sever="mlp", settings=RunSettings(seed=seed, engine="cached"))
     assert df.attrs["how"]["engine"] == "cached"
     # the noise, redrawn from the rule the sidecar records, not from blockscope's function
     std = float(hf.get_input_embeddings().weight.detach().double().std())
@@ -172,7 +173,8 @@ def test_a_new_intervention_class_runs_on_both_engines_unchanged(pair):
                   (Edit(Site("hook_attn_out", L, (t,)), Halfway(), "clean"),))
           for L in range(model.cfg.n_layers) for t in (2, 4, 5)]
     metric = LogitDiff(TARGET, CONTRAST)
-    got = {e: sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric, engine=e)
+    got = {e: sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric,
+                    settings=RunSettings(engine=e))
            for e in ("cached", "naive")}
     assert got["cached"].how["engine"] == "cached"
     gap = logit_diff(hf_run(hf, CLEAN, [])) - logit_diff(hf_run(hf, CORRUPTED, []))
@@ -196,7 +198,8 @@ def test_a_resume_from_the_wrong_position_falls_back_loudly(pair, monkeypatch):
     slipped = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric)
     assert slipped.how["engine"] == "naive" and "self-check failed" in slipped.how["fallback"]
     monkeypatch.setattr(resume, "entry", right)
-    naive = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric, engine="naive")
+    naive = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric,
+                  settings=RunSettings(engine="naive"))
     assert (slipped.values == naive.values).all()
 
 

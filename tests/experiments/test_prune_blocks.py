@@ -10,6 +10,7 @@ import torch
 
 from blockscope.experiments.prune_blocks import ORDERS, block_curve, block_params, headline
 from blockscope.inputs.text import tokenize
+from blockscope.sweeps.settings import RunSettings
 
 from ..references import PATHS, hf_kl, hf_ppl, layers
 
@@ -35,7 +36,8 @@ def curves(four_blocks):
     # the naive loop for the two orders whose variants take the new entry kinds: greedy's
     # steps share the blocks already removed ("blocks-shared"); angular windows do not
     return {"cached": block_curve(model, ids, orders=ORDERS),
-            "naive": block_curve(model, ids, orders=("greedy", "angular"), engine="naive")}
+            "naive": block_curve(model, ids, orders=("greedy", "angular"),
+                                 settings=RunSettings(engine="naive"))}
 
 
 def test_every_step_equals_hf_with_those_blocks_deleted(four_blocks, curves):
@@ -142,7 +144,7 @@ def test_a_slip_in_the_several_blocks_entry_falls_back(tiny, monkeypatch, order,
 
     ids = tokenize(tiny.tokenizer, "Alice was beginning to get very tired of sitting by her "
                    "sister on the bank.", prepend_bos=True)
-    naive = block_curve(tiny, ids, orders=(order,), engine="naive")[0][0]
+    naive = block_curve(tiny, ids, orders=(order,), settings=RunSettings(engine="naive"))[0][0]
     original = entries._blocks_start
 
     def slipped(n_layers, v, base):

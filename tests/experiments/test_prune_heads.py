@@ -9,6 +9,7 @@ from blockscope.errors import BadValue
 from blockscope.experiments.prune_heads import prunable, pruning_curve
 from blockscope.inputs.text import tokenize
 from blockscope.sweeps.naive import model_windows, token_nll
+from blockscope.sweeps.settings import RunSettings
 
 REL = 1e-5
 SENTENCE = "Alice was beginning to get very tired of sitting by her sister on the bank."
@@ -39,9 +40,9 @@ def test_pruning_curve_removes_every_head_in_steps(tiny, ids, order):
 
 
 def test_random_curve_is_reproducible_with_its_seed(tiny, ids):
-    a = pruning_curve(tiny, ids, order="random", step=1, seed=3)
-    b = pruning_curve(tiny, ids, order="random", step=1, seed=3)
-    c = pruning_curve(tiny, ids, order="random", step=1, seed=4)
+    a = pruning_curve(tiny, ids, order="random", step=1, settings=RunSettings(seed=3))
+    b = pruning_curve(tiny, ids, order="random", step=1, settings=RunSettings(seed=3))
+    c = pruning_curve(tiny, ids, order="random", step=1, settings=RunSettings(seed=4))
     assert a.equals(b)
     assert not a["perplexity"].equals(c["perplexity"])
 
@@ -71,17 +72,18 @@ def test_the_step_that_leaves_the_band_is_retraced_one_head_at_a_time(tiny, ids)
     reference), and the headline is the one-head curve's, at a resolution of one head."""
     from blockscope.experiments.prune_heads import band_exit
 
-    fine = pruning_curve(tiny, ids, order="random", step=1, seed=2)
+    fine = pruning_curve(tiny, ids, order="random", step=1, settings=RunSettings(seed=2))
     ratio = fine.set_index("heads_removed")["ratio"]
     # a band the 6-head step leaves, first left by the fine curve at k < 6 heads
     k = next(k for k in range(2, 6) if ratio[k] > ratio[:k].max() and ratio[6] > ratio[:k].max())
     tol = (ratio[:k].max() + ratio[k]) / 2 - 1
-    coarse = pruning_curve(tiny, ids, order="random", step=0.5, seed=2, refine=tol)
+    coarse = pruning_curve(tiny, ids, order="random", step=0.5, refine=tol,
+                           settings=RunSettings(seed=2))
     retraced = coarse[coarse["refined"]]
     assert list(retraced["heads_removed"]) == [1, 2, 3, 4, 5]
     want = fine.set_index("heads_removed").loc[[1, 2, 3, 4, 5], "perplexity"]
     assert retraced["perplexity"].tolist() == pytest.approx(want.tolist(), rel=REL)
     assert prunable(coarse, tol)["heads_removed"] == k - 1 == prunable(fine, tol)["heads_removed"]
     assert band_exit(coarse, tol)["removed"] == 1
-    unrefined = pruning_curve(tiny, ids, order="random", step=0.5, seed=2)
+    unrefined = pruning_curve(tiny, ids, order="random", step=0.5, settings=RunSettings(seed=2))
     assert band_exit(unrefined, tol)["removed"] == 6 and not unrefined["refined"].any()

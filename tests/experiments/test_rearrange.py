@@ -9,6 +9,7 @@ import torch
 
 from blockscope.errors import BadValue
 from blockscope.experiments.rearrange import adjacent_swaps, arrangement, rearranged
+from blockscope.sweeps.settings import RunSettings
 
 from ..references import PATHS, hf_kl, hf_ppl
 
@@ -48,7 +49,8 @@ def rebuilt(hf, family, steps, first, last):
 def sweeps(four_blocks):  # noqa: F811
     family, model, _, ids = four_blocks
     arrs = [arrangement(k, t, 4) for k, t in ARRANGEMENTS] + adjacent_swaps(4)
-    return arrs, rearranged(model, ids, arrs), rearranged(model, ids, arrs, engine="naive")
+    return arrs, rearranged(model, ids, arrs), rearranged(model, ids, arrs,
+                                                          settings=RunSettings(engine="naive"))
 
 
 def test_every_arrangement_equals_hf_with_its_layers_rebuilt(four_blocks, sweeps):  # noqa: F811
@@ -98,7 +100,7 @@ def test_a_slip_in_the_rearranged_entry_falls_back(tiny, monkeypatch):
     ids = tokenize(tiny.tokenizer, "Alice was beginning to get very tired of sitting by her "
                    "sister on the bank.", prepend_bos=True)
     arrs = [arrangement("swap", "0,1", 3)]
-    naive = rearranged(tiny, ids, arrs, engine="naive")
+    naive = rearranged(tiny, ids, arrs, settings=RunSettings(engine="naive"))
     original = entries.start
 
     def slipped(*a, **k):

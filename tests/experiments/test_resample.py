@@ -15,6 +15,7 @@ from blockscope.inputs.corpus import Docs
 from blockscope.inputs.text import tokenize
 from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps.naive import partners
+from blockscope.sweeps.settings import RunSettings
 
 from ..builders import save_checkpoint
 from ..references import input_hook, layers, output_hook, sub, writes
@@ -80,7 +81,8 @@ def test_a_resampled_half_equals_hf_with_the_partners_output(fam, part):
     family, model, hf, docs = fam
     partner = partners(3, SEED)
     assert all(partner[k] != k for k in range(3))
-    runs = {e: block_ablation(model, docs, part=part, method="resample", engine=e, seed=SEED)
+    runs = {e: block_ablation(model, docs, part=part, method="resample",
+                              settings=RunSettings(engine=e, seed=SEED))
             for e in ("naive", "cached")}
     module = writes(family)[0 if part == "attn" else 1]
     for layer in range(model.cfg.n_layers):
@@ -106,9 +108,11 @@ def test_a_resampled_head_equals_hf_with_the_partners_slice(fam):
     layer, head = 1, 2
     got = []
     for engine in ("cached", "naive"):
-        prepared = prepare(model, docs, method="resample", seed=SEED, engine=engine)
+        prepared = prepare(model, docs, method="resample",
+                           settings=RunSettings(seed=SEED, engine=engine))
         got.append(single_head_ablation(model, docs, method="resample", layers=[layer],
-                                        heads=[head], prepared=prepared, engine=engine))
+                                        heads=[head], prepared=prepared,
+                                        settings=RunSettings(engine=engine)))
     mod = sub(layers(hf)[layer], writes(family)[2])  # the output projection: its input is z
     acts = [captured(hf, docs.ids[partner[k]], mod, "input") for k in range(3)]
     cols = slice(head * d_head, (head + 1) * d_head)

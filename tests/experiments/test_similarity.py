@@ -10,6 +10,7 @@ from blockscope.experiments.ablate import block_ablation, metric_correlations
 from blockscope.experiments.similarity import spearman
 from blockscope.inputs.text import tokenize
 from blockscope.sweeps.naive import model_windows
+from blockscope.sweeps.settings import RunSettings
 
 
 def hf_block_io(hf, ids):
@@ -32,7 +33,7 @@ def hf_block_io(hf, ids):
 @pytest.mark.parametrize("engine", ["cached", "naive"])
 def test_metrics_equal_direct_computation(tiny, hf, alice_text, engine):
     ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=100)
-    df = block_ablation(tiny, ids, engine=engine)
+    df = block_ablation(tiny, ids, settings=RunSettings(engine=engine))
     ins, outs = hf_block_io(hf, ids)
     for k in range(3):
         cos = torch.nn.functional.cosine_similarity(ins[k][0, 1:].double(),
@@ -46,8 +47,8 @@ def test_metrics_equal_direct_computation(tiny, hf, alice_text, engine):
 
 def test_metrics_over_windows_agree_between_engines(tiny, alice_text):
     ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)
-    naive = block_ablation(tiny, ids, stride=100, engine="naive")
-    cached = block_ablation(tiny, ids, stride=100)
+    naive = block_ablation(tiny, ids, settings=RunSettings(stride=100, engine="naive"))
+    cached = block_ablation(tiny, ids, settings=RunSettings(stride=100))
     for m in ("block_influence", "angular_distance"):
         assert torch.allclose(torch.tensor(naive[m][1:].tolist()),
                               torch.tensor(cached[m][1:].tolist()), rtol=1e-6)
@@ -64,7 +65,7 @@ def test_naive_metrics_come_from_its_own_baseline_pass(tiny, alice_text, monkeyp
     hf_model = tiny.original_model
     calls, real = [], hf_model.forward
     monkeypatch.setattr(hf_model, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    df = block_ablation(tiny, ids, stride=stride, engine="naive")
+    df = block_ablation(tiny, ids, settings=RunSettings(stride=stride, engine="naive"))
     n_windows = len(model_windows(tiny, ids, stride))
     assert len(calls) == (1 + 3) * n_windows
     assert df["block_influence"][1:].notna().all()
@@ -83,7 +84,7 @@ def test_a_halfs_metrics_are_its_own(tiny, hf, alice_text, part, engine):
     """--part attn|mlp: what the half reads against that plus its write, from HF hooks on
     the attention module's output (GPT-2: resid_mid = input + attn output)."""
     ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=60)
-    df = block_ablation(tiny, ids, part=part, engine=engine)
+    df = block_ablation(tiny, ids, part=part, settings=RunSettings(engine=engine))
     ins, outs = hf_block_io(hf, ids)
     attn_out, handles = [], [b.attn.register_forward_hook(
         lambda m, a, o: attn_out.append(o[0])) for b in hf.transformer.h]

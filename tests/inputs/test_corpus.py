@@ -12,6 +12,7 @@ from blockscope.errors import BlockscopeError
 from blockscope.experiments.ablate import block_ablation
 from blockscope.experiments.resid_norm import norm_distribution
 from blockscope.inputs.corpus import Source, load_docs
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.stats import Bootstrap
 
 from ..builders import paragraphs, write_jsonl
@@ -158,7 +159,7 @@ def test_corpus_perplexity_equals_hf_per_document(tiny, jsonl, per_document, eng
     """exp(total NLL / total tokens), each document alone (windows never cross one), with
     HF's labels= loss per document as the reference; skipping block 1 = deleting it."""
     docs = load_docs(Source(dataset=str(jsonl)), tiny.tokenizer)
-    df = block_ablation(tiny, docs, engine=engine, ci=Bootstrap(200, seed=0))
+    df = block_ablation(tiny, docs, settings=RunSettings(engine=engine, ci=Bootstrap(200, seed=0)))
     sums, counts, cut_sums = per_document
     assert df.loc[0, "n_scored"] == counts.sum()
     assert df.loc[0, "perplexity"] == pytest.approx(math.exp(sums.sum() / counts.sum()), rel=REL)
@@ -168,9 +169,11 @@ def test_corpus_perplexity_equals_hf_per_document(tiny, jsonl, per_document, eng
 
 def test_cached_engine_equals_naive_on_a_corpus_with_mean_ablation(tiny, jsonl):
     docs = load_docs(Source(dataset=str(jsonl)), tiny.tokenizer)
-    kw = dict(part="attn", method="mean", ci=Bootstrap(100, seed=3))
-    fast = block_ablation(tiny, docs, engine="cached", **kw)
-    slow = block_ablation(tiny, docs, engine="naive", **kw)
+    kw = dict(part="attn", method="mean")
+    fast = block_ablation(tiny, docs, **kw,
+                          settings=RunSettings(engine="cached", ci=Bootstrap(100, seed=3)))
+    slow = block_ablation(tiny, docs, **kw,
+                          settings=RunSettings(engine="naive", ci=Bootstrap(100, seed=3)))
     for column in ("perplexity", "ci_low", "ci_high", "delta_ci_low", "delta_ci_high"):
         np.testing.assert_allclose(fast[column], slow[column], rtol=REL)
 
@@ -180,7 +183,7 @@ def test_bootstrap_equals_a_direct_numpy_bootstrap(tiny, hf, jsonl, texts):
     resampled documents for the variant and the baseline)."""
     docs = load_docs(Source(dataset=str(jsonl)), tiny.tokenizer)
     b = Bootstrap(500, seed=7)
-    df = block_ablation(tiny, docs, ci=b)
+    df = block_ablation(tiny, docs, layers=[0], settings=RunSettings(ci=b))  # block 0 checked
     base, counts = reference_sums(hf, tiny.tokenizer, texts)
     cut = copy.deepcopy(hf)
     del cut.transformer.h[0]
@@ -211,7 +214,7 @@ def test_bootstrap_is_seeded_and_narrows_with_more_documents(tiny, tmp_path):
     for path in (few, many):  # one sweep (the baseline) per corpus, its intervals redrawn
         docs = load_docs(Source(dataset=str(path)), tiny.tokenizer)
         scored[path] = scoring.scores(tiny, docs, [], prepared=scoring.prepare(
-            tiny, docs, engine_name="cached"))
+            tiny, docs, settings=RunSettings(engine="naive")))  # the baseline: one forward
 
     def interval(path, seed):
         df = scored[path].frame(Bootstrap(300, seed=seed))
@@ -228,11 +231,12 @@ def test_one_passage_resamples_128_token_chunks(tiny, alice_text):
     from blockscope.inputs.text import tokenize
 
     ids = tokenize(tiny.tokenizer, alice_text, prepend_bos=True, max_tokens=300)
-    df = block_ablation(tiny, ids, ci=Bootstrap(200))
+    df = block_ablation(tiny, ids, settings=RunSettings(ci=Bootstrap(200)))
     record = df.attrs["uncertainty"]
     assert record["unit"] == "chunk" and record["n_units"] == 3  # 128 + 128 + 44 scored
     assert df.loc[0, "ci_low"] <= df.loc[0, "perplexity"] <= df.loc[0, "ci_high"]
-    small = block_ablation(tiny, ids[:, :100], ci=Bootstrap(200))  # one chunk: no interval
+    small = block_ablation(tiny, ids[:, :100],
+                           settings=RunSettings(ci=Bootstrap(200)))  # one chunk: no interval
     assert small["ci_low"].isna().all() and "needs 2" in small.attrs["uncertainty"]["bootstrap"]
 
 

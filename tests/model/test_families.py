@@ -20,6 +20,7 @@ from blockscope.experiments.shapes import block_shapes
 from blockscope.inputs.text import tokenize
 from blockscope.model.arch import FAMILIES, layout
 from blockscope.model.loading import load_model, spec_for
+from blockscope.sweeps.settings import RunSettings
 
 from ..builders import FAMILY_CONFIGS, save_checkpoint
 from ..references import input_hook, layers, output_hook, sub, writes
@@ -114,7 +115,8 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
         for method in ("zero", "mean"):
             # the naive loop's hooks are the same for both methods (a fill or none): it is
             # held to HF with zero on every part, the engine with both methods
-            runs = {e: block_ablation(model, ids, part=part, method=method, engine=e)
+            runs = {e: block_ablation(model, ids, part=part, method=method,
+                                      settings=RunSettings(engine=e))
                     for e in (("naive", "cached") if method == "zero" else ("cached",))}
             how = runs["cached"].attrs["engine"]
             assert "fallback" not in how, how
@@ -145,7 +147,8 @@ def test_single_heads_match_the_reference(fam):
         want = [reference_head(hf, ids, family, layer, head, model.cfg.d_head, fill)
                 for head in range(model.cfg.n_heads)]
         for engine in ("naive", "cached"):
-            df = single_head_ablation(model, ids, method=method, engine=engine, layers=[layer])
+            df = single_head_ablation(model, ids, method=method, layers=[layer],
+                                      settings=RunSettings(engine=engine))
             assert "fallback" not in df.attrs["engine"]
             for row in df.iloc[1:].itertuples():
                 close(row.nll, want[row.head])
@@ -153,8 +156,9 @@ def test_single_heads_match_the_reference(fam):
 
 def test_pruning_curve_engine_equals_naive(fam):
     _, model, _, ids = fam
-    kw = dict(order="random", step=0.5, seed=1)
-    naive, fast = (pruning_curve(model, ids, engine=e, **kw) for e in ("naive", "cached"))
+    naive, fast = (pruning_curve(model, ids, order="random", step=0.5,
+                                 settings=RunSettings(engine=e, seed=1))
+                   for e in ("naive", "cached"))
     assert naive["heads_removed"].equals(fast["heads_removed"])
     assert torch.allclose(torch.tensor(fast["nll"].tolist()), torch.tensor(naive["nll"].tolist()),
                           rtol=REL, atol=0)
@@ -203,7 +207,7 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
     from blockscope.sweeps.gradient import gradient_pass
 
     family, model, _, ids = fam
-    prepared = scoring.prepare(model, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(model, ids, heads=True, settings=RunSettings(engine="cached"))
     last = model.cfg.n_layers - 1
     for removed in ([(last, slice(0, 2))], [(0, slice(None)), (last, slice(1, None))]):
         keep = torch.ones(model.cfg.n_layers, model.cfg.n_heads)

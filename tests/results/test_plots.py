@@ -11,6 +11,7 @@ from blockscope.experiments.ablate import block_ablation
 from blockscope.inputs.text import tokenize
 from blockscope.results.plots import ablation_plot
 from blockscope.results.plots import params_plot as plots_params
+from blockscope.sweeps.settings import RunSettings
 
 from ..conftest import ALICE, result
 
@@ -66,7 +67,7 @@ def test_ablation_plot_draws_the_paired_intervals(tiny):
     from blockscope.sweeps.stats import Bootstrap
 
     ids = tokenize(tiny.tokenizer, ALICE.read_text(), prepend_bos=True, max_tokens=300)
-    df = block_ablation(tiny, ids, ci=Bootstrap(200))
+    df = block_ablation(tiny, ids, settings=RunSettings(ci=Bootstrap(200)))
     fig = ablation_plot(df, "t")
     bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
     assert len(bars) == 1

@@ -11,6 +11,7 @@ from blockscope.inputs.text import tokenize
 from blockscope.sweeps.clean import clean_pass
 from blockscope.sweeps.engine import CPU_BATCH, default_batch_size
 from blockscope.sweeps.naive import model_windows, token_nll
+from blockscope.sweeps.settings import RunSettings
 
 from ..drive import engine_sweep, perplexity_row
 
@@ -54,9 +55,9 @@ def same(a, b):
 @pytest.mark.parametrize("method, batch_size", [("zero", None), ("mean", 1)])  # None: one batch
 def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size, naive_of):
     naive = naive_of(("blocks", ids.shape[-1], part, method), lambda: block_ablation(
-        tiny, ids, part=part, method=method, stride=100, engine="naive"))
-    fast = block_ablation(tiny, ids, part=part, method=method, stride=100,
-                          batch_size=batch_size)
+        tiny, ids, part=part, method=method, settings=RunSettings(stride=100, engine="naive")))
+    fast = block_ablation(tiny, ids, part=part, method=method,
+                          settings=RunSettings(stride=100, batch_size=batch_size))
     same(naive, fast)
     assert naive[["layer", "part", "method"]].equals(fast[["layer", "part", "method"]])
 
@@ -64,18 +65,20 @@ def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size, naive_of)
 @pytest.mark.parametrize("method, batch_size", [("zero", 5), ("mean", 1)])  # 5 of 12: a short
 def test_single_head_sweep_equals_naive(tiny, ids, method, batch_size, naive_of):
     naive = naive_of(("heads", ids.shape[-1], method), lambda: heads_sweep(
-        tiny, ids, method=method, stride=100, engine="naive"))
-    fast = heads_sweep(tiny, ids, method=method, stride=100, batch_size=batch_size)
+        tiny, ids, method=method, settings=RunSettings(stride=100, engine="naive")))
+    fast = heads_sweep(tiny, ids, method=method,
+                       settings=RunSettings(stride=100, batch_size=batch_size))
     same(naive, fast)
     assert naive[["layer", "head"]].equals(fast[["layer", "head"]])
 
 
 def test_one_head_per_layer_equals_naive(tiny, ids):
-    importance, _ = head_importance(tiny, ids, stride=100)
+    importance, _ = head_importance(tiny, ids, settings=RunSettings(stride=100))
     for method in ("zero", "mean"):
-        same(one_head_per_layer(tiny, ids, importance, method=method, stride=100,
-                                engine="naive"),
-             one_head_per_layer(tiny, ids, importance, method=method, stride=100))
+        same(one_head_per_layer(tiny, ids, importance, method=method,
+                                settings=RunSettings(stride=100, engine="naive")),
+             one_head_per_layer(tiny, ids, importance, method=method,
+                                settings=RunSettings(stride=100)))
 
 
 @pytest.mark.parametrize("order", ["gradient"])
@@ -86,9 +89,12 @@ def test_pruning_curve_equals_naive(tiny, ids, order):
     heads go, not in how a step is scored (the short text holds all three)."""
     from blockscope.sweeps.stats import Bootstrap
 
-    kw = dict(order=order, step=0.5, stride=100, seed=1, ci=Bootstrap(100))
-    naive = pruning_curve(tiny, ids, engine="naive", **kw)
-    fast = pruning_curve(tiny, ids, importance=head_importance(tiny, ids, stride=100)[1], **kw)
+    run = RunSettings(stride=100, seed=1, ci=Bootstrap(100))
+    naive = pruning_curve(tiny, ids, order=order, step=0.5,
+                          settings=RunSettings(stride=100, seed=1, ci=Bootstrap(100),
+                                               engine="naive"))
+    fast = pruning_curve(tiny, ids, order=order, step=0.5, settings=run,
+                         importance=head_importance(tiny, ids, settings=run)[1])
     assert naive["heads_removed"].equals(fast["heads_removed"])
     scale = float(naive["perplexity"].max())  # a change's error is relative to perplexity
     for column in ("perplexity", "ci_low", "ci_high", "delta_ci_low", "delta_ci_high"):
@@ -203,7 +209,7 @@ def test_a_broken_plain_gradient_is_caught_and_falls_back(tiny, ids, monkeypatch
     keep[2, 1] = 0
     want = gradient_pass(tiny, ids, keep=keep)
     monkeypatch.setattr(replay, "scaled", lambda z, keep: z)
-    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, heads=True, settings=RunSettings(engine="cached"))
     got = gradient_pass(tiny, ids, keep=keep, prepared=prepared)
     assert "head-mask gradient differs" in got[2].how["fallback"]
     assert got[2].how["replay"] == "bridge"
@@ -219,7 +225,7 @@ def test_leaving_out_removed_heads_is_checked_before_it_is_used(tiny, ids, monke
     from blockscope.sweeps import replay, scoring
     from blockscope.sweeps.gradient import gradient_pass
 
-    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, heads=True, settings=RunSettings(engine="cached"))
     whole = gradient_pass(tiny, ids, prepared=prepared)
     assert whole[2].how["replay"] == "plain" and "fallback" not in whole[2].how
     keep = torch.ones(3, 4)
@@ -241,7 +247,7 @@ def test_a_checked_gradient_pass_is_not_run_twice(tiny, ids, monkeypatch):
     from blockscope.sweeps import replay, scoring
     from blockscope.sweeps.gradient import gradient_pass
 
-    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, heads=True, settings=RunSettings(engine="cached"))
     keep = torch.ones(3, 4)
     keep[1, 2] = 0
     calls, real = [], replay.masked_nll
@@ -263,12 +269,13 @@ def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
     from blockscope.experiments.heads import prepare
 
     windows = len(model_windows(tiny, ids, 100)) > 1
-    importance, normalised = head_importance(tiny, ids, stride=100)  # the hooked model's
+    run = RunSettings(stride=100)
+    importance, normalised = head_importance(tiny, ids, settings=run)  # the hooked model's
     for method in ("mean",) if windows else ("zero", "mean"):
-        shared = prepare(tiny, ids, method=method, stride=100)
-        kw = dict(method=method, stride=100)
+        shared = prepare(tiny, ids, method=method, settings=run)
+        kw = dict(method=method, settings=run)
         same(heads_sweep(tiny, ids, **kw), heads_sweep(tiny, ids, prepared=shared, **kw))
-        got, got_normalised = head_importance(tiny, ids, stride=100, prepared=shared)
+        got, got_normalised = head_importance(tiny, ids, prepared=shared, settings=run)
         # plain and hooked gradients agree as the self-check holds them: to 1e-5 of the largest
         assert torch.allclose(got, importance, rtol=REL, atol=REL * float(importance.max()))
         assert torch.allclose(got_normalised, normalised, rtol=REL, atol=REL)
@@ -281,7 +288,8 @@ def test_one_prepared_clean_pass_serves_every_head_experiment(tiny, ids):
         assert torch.allclose(torch.tensor(a["perplexity"].tolist()),
                               torch.tensor(b["perplexity"].tolist()), rtol=REL, atol=0)
     with pytest.raises(ValueError, match="another engine or method"):
-        heads_sweep(tiny, ids, method="mean", stride=100, prepared=prepare(tiny, ids, stride=100))
+        heads_sweep(tiny, ids, method="mean", settings=run,
+                    prepared=prepare(tiny, ids, settings=run))
 
 
 @pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
@@ -295,9 +303,11 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
 
     from blockscope.sweeps import entries, scoring
 
-    sweep = ((lambda **kw: block_ablation(tiny, ids, part="block", method="mean", stride=100,
-                                          **kw)) if slip == "block fill" else
-             (lambda **kw: heads_sweep(tiny, ids, method="mean", stride=100, **kw)))
+    sweep = ((lambda engine="cached": block_ablation(
+                 tiny, ids, part="block", method="mean",
+                 settings=RunSettings(stride=100, engine=engine))) if slip == "block fill" else
+             (lambda engine="cached": heads_sweep(
+                 tiny, ids, method="mean", settings=RunSettings(stride=100, engine=engine))))
     honest = sweep()
     assert "fallback" not in honest.attrs["engine"]
     naive = sweep(engine="naive")
@@ -334,11 +344,12 @@ def test_apply_is_the_one_statement_of_what_is_written(tiny, ids, cls, patched, 
     engine (its entries) both follow, equal to each other, the variant check content."""
     from blockscope import interventions
 
-    def sweep(**kw):
+    def sweep(engine="cached"):
+        run = RunSettings(stride=100, engine=engine)
         if cls == "ScaleHeads":
-            return heads_sweep(tiny, ids, stride=100, **kw)
+            return heads_sweep(tiny, ids, settings=run)
         return block_ablation(tiny, ids, part="block" if cls == "SkipBlock" else "mlp",
-                              stride=100, **kw)
+                              settings=run)
 
     before = sweep()
     monkeypatch.setattr(getattr(interventions, cls), "apply", patched)

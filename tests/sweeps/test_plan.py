@@ -11,6 +11,7 @@ from blockscope.interventions import applied, hooks
 from blockscope.interventions import intervention as Edit
 from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps import unembed
+from blockscope.sweeps.settings import RunSettings
 
 from ..builders import save_checkpoint
 
@@ -46,9 +47,9 @@ def test_a_users_hook_gives_the_same_numbers_through_the_engine(tiny, ids, point
     shift = [(point, lambda act, hook=None: act + (direction if act.shape[-1] == direction.numel()
                                                     else 0.5))]
     with applied(tiny, shift):
-        runs = {e: (block_ablation(tiny, ids, part="attn", engine=e),
-                    block_ablation(tiny, ids, part="block", engine=e),
-                    single_head_ablation(tiny, ids, engine=e, layers=[0, 1]))
+        runs = {e: (block_ablation(tiny, ids, part="attn", settings=RunSettings(engine=e)),
+                    block_ablation(tiny, ids, part="block", settings=RunSettings(engine=e)),
+                    single_head_ablation(tiny, ids, layers=[0, 1], settings=RunSettings(engine=e)))
                 for e in ("naive", "cached")}
     for naive, cached in zip(runs["naive"], runs["cached"], strict=True):
         assert "fallback" not in cached.attrs["engine"]
@@ -68,7 +69,7 @@ def test_a_broken_replay_is_caught_and_the_naive_loop_runs(gemma2, monkeypatch):
     """Softcapping left out of the replayed unembedding: the self-check sees it against the
     model's own logits, the sweep falls back, and the numbers are the naive loop's."""
     model, ids = gemma2
-    naive = block_ablation(model, ids, engine="naive")
+    naive = block_ablation(model, ids, settings=RunSettings(engine="naive"))
     monkeypatch.setattr(unembed, "softcapped", lambda logits, cap: logits)
     cached = block_ablation(model, ids)
     assert "unembedding" in cached.attrs["engine"]["fallback"]
@@ -79,7 +80,7 @@ def test_a_broken_replay_is_caught_and_the_naive_loop_runs(gemma2, monkeypatch):
 def test_a_broken_block_replay_is_caught(tiny, ids, monkeypatch):
     from blockscope.sweeps import steps
 
-    naive = block_ablation(tiny, ids, part="mlp", engine="naive")
+    naive = block_ablation(tiny, ids, part="mlp", settings=RunSettings(engine="naive"))
     monkeypatch.setattr(steps, "plain_parts", lambda model: None)  # the bridge's blocks
     monkeypatch.setattr(steps, "block_step", lambda m, c, j, x, p: 1.001 * x)
     cached = block_ablation(tiny, ids, part="mlp")
@@ -95,7 +96,7 @@ def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
     calls = []
     real = selfcheck._verify
     monkeypatch.setattr(selfcheck, "_verify", lambda *a: calls.append(1) or real(*a))
-    curve = pruning_curve(tiny, ids, order="random", step=0.25, seed=1)
+    curve = pruning_curve(tiny, ids, order="random", step=0.25, settings=RunSettings(seed=1))
     # one window, one set of entry kinds; checked once for steps whose variants run only
     # the plain replay and once for those that bring hooks (the bridge's blocks then run)
     assert len(curve) > 3 and len(calls) <= 2

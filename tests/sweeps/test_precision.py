@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from blockscope.sweeps.naive import nll_of
+from blockscope.sweeps.settings import RunSettings
 
 
 def test_nll_of_is_the_float64_log_softmax():
@@ -42,8 +43,8 @@ def test_engines_agree_far_inside_the_margin_at_a_large_vocabulary(big_vocab):
     from blockscope.experiments.ablate import block_ablation
 
     ids = torch.randint(0, 49152, (1, 200), generator=torch.Generator().manual_seed(1))
-    naive = block_ablation(big_vocab, ids, engine="naive")
-    cached = block_ablation(big_vocab, ids, engine="cached")
+    naive = block_ablation(big_vocab, ids, settings=RunSettings(engine="naive"))
+    cached = block_ablation(big_vocab, ids, settings=RunSettings(engine="cached"))
     assert "fallback" not in cached.attrs["engine"]
     rel = ((cached["nll"] - naive["nll"]).abs() / naive["nll"]).max()
     assert rel < 1e-6  # the margin was 92% used (9.2e-6 of 1e-5) before both summed in float64
@@ -61,7 +62,7 @@ def test_a_correct_replay_within_float32_noise_does_not_fall_back(tiny, monkeypa
     float64_pass = selfcheck._float64_pass
     monkeypatch.setattr(selfcheck, "_float64_pass",
                         lambda *a: called.append(1) or float64_pass(*a))
-    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, heads=True, settings=RunSettings(engine="cached"))
     got = gradient_pass(tiny, ids, prepared=prepared)
     assert called and got[2].how["replay"] == "plain" and "fallback" not in got[2].how
     assert next(tiny.parameters()).dtype == torch.float32  # put back after the float64 pass
@@ -76,7 +77,7 @@ def test_a_wrong_replay_still_falls_back_under_the_float64_judge(tiny, monkeypat
     ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(selfcheck, "REL", 1e-13)
     monkeypatch.setattr(replay, "scaled", lambda z, keep: z)  # the mask not applied
-    prepared = scoring.prepare(tiny, ids, engine_name="cached", heads=True)
+    prepared = scoring.prepare(tiny, ids, heads=True, settings=RunSettings(engine="cached"))
     got = gradient_pass(tiny, ids, prepared=prepared)
     assert "differs from a float64 pass" in got[2].how["fallback"]
     assert got[2].how["replay"] == "bridge"

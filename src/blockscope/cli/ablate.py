@@ -80,13 +80,12 @@ def ablate(o: Ablate) -> None:
     part, method = o.part.value, o.method.value
     mean = "" if o.method is Method.zero else f" ({method})"
     if o.decompose:
-        return decomposed(o, run, c.started)
+        return decomposed(o, c)
     swept = time.perf_counter()
     with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean, c.show) as step:
         df = experiment.block_ablation(
-            run.model, run.docs, part=part, method=method, stride=o.window.stride,
-            engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=step,
-            ci=c.ci(), seed=o.seed)
+            run.model, run.docs, part=part, method=method,
+            settings=c.settings.reporting(step))
     sweep_s = time.perf_counter() - swept
     if not c.writes:
         return
@@ -107,21 +106,22 @@ def ablate(o: Ablate) -> None:
              uncertainty=uncertainty, sweep_s=round(sweep_s, 3))
 
 
-def decomposed(o: Ablate, run, started: float) -> None:
+def decomposed(o: Ablate, c) -> None:
     """`--decompose`: the split per removed component (and per token), its table, its
     headline, a stacked bar per component."""
     from blockscope.experiments import ablate as experiment
     from blockscope.experiments.decompose import MEANING, headline
     from blockscope.results.render import progress_bar
-
-    part, method = o.part.value, o.method.value
     from blockscope.sweeps.naive import model_windows
+
+    run, started = c.run, c.started
+    part, method = o.part.value, o.method.value
 
     n_windows = sum(len(model_windows(run.model, ids, o.window.stride)) for ids in run.docs.ids)
     with progress_bar(err, n_windows, f"splitting each removal ({REMOVED[part]})",
                       not o.out.quiet) as step:
         df, tokens = experiment.decomposed(run.model, run.docs, part=part, method=method,
-                                           stride=o.window.stride, seed=o.seed, progress=step)
+                                           settings=c.settings.reporting(step))
     title = f"{run.spec.label} on {run.describe()}"
     line = headline(df, run.model.cfg.n_layers)
     if not o.out.quiet:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from blockscope.cli.common import checked_load, err, model_record, status
+
+if TYPE_CHECKING:
+    from blockscope.sweeps.settings import RunSettings
 
 
 def uncertainty_record(df) -> dict:
@@ -154,6 +158,7 @@ class PassageCommand:
     command: str
     run: CorpusRun
     started: float
+    settings: RunSettings  # how its sweeps run, from the options, made once
 
     @property
     def writes(self) -> bool:
@@ -167,11 +172,6 @@ class PassageCommand:
     @property
     def title(self) -> str:
         return f"{self.run.spec.label} on {self.run.describe()}"
-
-    def ci(self):
-        from blockscope.sweeps.stats import Bootstrap
-
-        return Bootstrap(self.o.passage.bootstrap, self.o.seed)
 
     def finish(self, frames: dict, *, n_scored: int, ran: tuple = (), suffix: str = "",
                plot=None, **fields) -> None:
@@ -198,4 +198,12 @@ def passage_command(o, command: str) -> PassageCommand:
     source = o.passage.source(o.seed, o.window)
     run = corpus_run(source, o.load, quiet=o.out.quiet, check=o.check_all_sizes,
                      stride=o.window.stride, bos_token=o.window.bos_token)
-    return PassageCommand(o, command, run, started)
+    return PassageCommand(o, command, run, started, run_settings(o))
+
+
+def run_settings(o) -> RunSettings:
+    """A passage command's `RunSettings` from its options."""
+    from blockscope.sweeps.stats import Bootstrap
+
+    return o.sweep.settings(stride=o.window.stride, ci=Bootstrap(o.passage.bootstrap, o.seed),
+                            seed=o.seed)

@@ -67,7 +67,8 @@ def knockout(o: KnockoutOptions) -> None:
     lm = run.model
     with progress_bar(err, 1, "knocking out", not o.out.quiet) as tick:
         df = experiment.knockout(lm, run.tokens, span, target=target, window=o.window,
-                                 bos=o.prepend_bos, engine=o.sweep.engine.value, progress=tick)
+                                 bos=o.prepend_bos,
+                                 settings=o.sweep.settings().reporting(tick))
     if not o.out.quiet:
         render(df, run.spec.label, word)
     meta = run.meta("knockout", o.prepend_bos, started, subject=o.subject,
@@ -93,7 +94,7 @@ def knockout_facts(o: KnockoutOptions, started: float) -> None:
 
     def one(lm, tokens, span, target):
         return experiment.knockout(lm, tokens, span, target=target, window=o.window,
-                                   bos=o.prepend_bos, engine=o.sweep.engine.value)
+                                   bos=o.prepend_bos, settings=o.sweep.settings())
 
     done = many_facts(o, "knocking out", one, ["from", "layer_start", "layer_end"],
                       "relative_change", started)

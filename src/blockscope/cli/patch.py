@@ -72,7 +72,7 @@ def patch(o: PatchOptions) -> None:
 
     with progress_bar(err, 1, "patching", not o.out.quiet) as tick:
         df = experiment.patch(lm, run.tokens, run.other, target=target, contrast=contrast,
-                              sites=o.sites, engine=o.sweep.engine.value, progress=tick)
+                              sites=o.sites, settings=o.sweep.settings().reporting(tick))
     metric = df.attrs["metric"]
     what = f"logit({o.target!r}) - logit({o.contrast!r})" if o.contrast else \
         f"log P({o.target!r})"

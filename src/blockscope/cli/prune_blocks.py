@@ -67,9 +67,8 @@ def prune_blocks(o: PruneBlocks) -> None:
     top = o.max_removed or n_layers
     with progress_bar(err, len(o.orders) * top + 1, "removing blocks", c.show) as tick:
         curves, metrics = experiment.block_curve(
-            run.model, run.docs, orders=o.orders, stride=o.window.stride, seed=o.seed,
-            engine=o.sweep.engine.value, max_removed=top, batch_size=o.sweep.batch_size,
-            progress=tick, ci=c.ci())
+            run.model, run.docs, orders=o.orders, max_removed=top,
+            settings=c.settings.reporting(tick))
     if not c.writes:
         return
     import pandas as pd

@@ -92,7 +92,7 @@ def prune_heads(o: PruneHeads) -> None:
 
     c = passage_command(o, "prune-heads")
     run = c.run
-    ablation, importance, normalised, curves, one = sweeps(o, run, c.show)
+    ablation, importance, normalised, curves, one = sweeps(o, run, c.settings, c.show)
     if not c.writes:
         return
     import pandas as pd
@@ -125,39 +125,36 @@ def prune_heads(o: PruneHeads) -> None:
                        for k, h in headline.items()})
 
 
-def sweeps(o: PruneHeads, run, show: bool):
+def sweeps(o: PruneHeads, run, settings, show: bool):
     """The four experiments on one clean pass: single-head ablation, gradient importance,
     a pruning curve per order, one head per layer."""
     from blockscope.experiments import heads as experiment
     from blockscope.experiments import prune_heads as pruning
     from blockscope.results.render import progress_bar
-    from blockscope.sweeps.stats import Bootstrap
 
     lm, tokens, cfg = run.model, run.docs, run.model.cfg
-    kw = dict(method=o.method.value, stride=o.window.stride, engine=o.sweep.engine.value)
+    kw = dict(method=o.method.value)
     with status("clean pass, shared by every experiment below", not show):
-        kw["prepared"] = experiment.prepare(lm, tokens, seed=o.seed, **kw)
-    kw["ci"] = Bootstrap(o.passage.bootstrap, o.seed)
+        kw["prepared"] = experiment.prepare(lm, tokens, settings=settings, **kw)
     n_sweep = len(o.layer_ids or range(cfg.n_layers)) * len(o.head_ids or range(cfg.n_heads))
-    batch = o.sweep.batch_size
     with progress_bar(err, n_sweep + 1, "ablating heads one at a time", show) as tick:
         ablation = experiment.single_head_ablation(lm, tokens, layers=o.layer_ids,
-                                                   heads=o.head_ids, batch_size=batch,
-                                                   progress=tick, **kw)
+                                                   heads=o.head_ids,
+                                                   settings=settings.reporting(tick), **kw)
     with status("gradient importance: one forward and backward pass", not show):
-        importance, normalised = experiment.head_importance(lm, tokens, stride=o.window.stride,
+        importance, normalised = experiment.head_importance(lm, tokens, settings=settings,
                                                             prepared=kw["prepared"])
     curves = []
     for order in o.orders:
         with progress_bar(err, cfg.n_layers * cfg.n_heads + 1, f"pruning ({order} order)",
                           show) as tick:
             curves.append(pruning.pruning_curve(lm, tokens, order=order, step=o.step,
-                                                seed=o.seed, ablation=ablation, progress=tick,
-                                                importance=normalised, refine=o.tolerance,
-                                                **kw))
+                                                ablation=ablation, importance=normalised,
+                                                refine=o.tolerance,
+                                                settings=settings.reporting(tick), **kw))
     with progress_bar(err, cfg.n_layers + 1, "one head per layer", show) as tick:
-        one = experiment.one_head_per_layer(lm, tokens, importance, batch_size=batch,
-                                            progress=tick, **kw)
+        one = experiment.one_head_per_layer(lm, tokens, importance,
+                                            settings=settings.reporting(tick), **kw)
     return ablation, importance, normalised, curves, one
 
 

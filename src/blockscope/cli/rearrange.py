@@ -78,9 +78,7 @@ def rearrange(o: RearrangeOptions) -> None:
     arrangements = o.arrangements(run.model.cfg.n_layers)
     with progress_bar(err, len(arrangements) + 1, "rearranging blocks", c.show) as tick:
         df = experiment.rearranged(
-            run.model, run.docs, arrangements, stride=o.window.stride,
-            engine=o.sweep.engine.value, batch_size=o.sweep.batch_size, progress=tick,
-            ci=c.ci())
+            run.model, run.docs, arrangements, settings=c.settings.reporting(tick))
     if not c.writes:
         return
     if not o.out.quiet:

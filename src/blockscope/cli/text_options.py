@@ -150,6 +150,13 @@ class Sweep(Options):
         min=1, help="Variants per batch (default: by memory; on the CPU at most 6, or 1 where "
         "blocks run through the bridge).")] = None
 
+    def settings(self, **more):
+        """The `RunSettings` the sweeps run with: this engine and batch size, and `more`
+        (stride, ci, seed)."""
+        from blockscope.sweeps.settings import RunSettings
+
+        return RunSettings(engine=self.engine, batch_size=self.batch_size, **more)
+
 
 @dataclass
 class PassageOptions(Options):

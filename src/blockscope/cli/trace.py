@@ -83,8 +83,9 @@ def trace(o: Trace) -> None:
     lm = run.model
     with progress_bar(err, 1, "tracing", not o.out.quiet) as tick:
         df = experiment.trace(lm, run.tokens, span, target=target, kinds=o.kinds,
-                              samples=o.samples, window=o.window, noise=o.noise, seed=o.seed,
-                              sever=o.sever, engine=o.sweep.engine.value, progress=tick)
+                              samples=o.samples, window=o.window, noise=o.noise,
+                              sever=o.sever,
+                              settings=o.sweep.settings(seed=o.seed).reporting(tick))
     a = df.attrs
     if not o.out.quiet:
         render(df, run.spec.label, word)
@@ -109,8 +110,8 @@ def trace_facts(o: Trace, started: float) -> None:
 
     def one(lm, tokens, span, target):
         return experiment.trace(lm, tokens, span, target=target, kinds=o.kinds,
-                                samples=o.samples, window=o.window, noise=o.noise, seed=o.seed,
-                                sever=o.sever, engine=o.sweep.engine.value)
+                                samples=o.samples, window=o.window, noise=o.noise,
+                                sever=o.sever, settings=o.sweep.settings(seed=o.seed))
 
     done = many_facts(o, "tracing", one, ["kind", "layer", "category"], "indirect_effect",
                       started)

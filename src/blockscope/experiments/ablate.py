@@ -18,8 +18,8 @@ from blockscope.experiments.similarity import BlockSimilarity, spearman
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Resampled, intervention
 from blockscope.sweeps import scoring
-from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.variant import Progress, Variant
+from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 
 def check_method(part: str, method: str) -> None:
@@ -34,16 +34,11 @@ def block_ablation(
     *,
     part: str = "block",
     method: str = "zero",
-    stride: int | None = None,
     layers: Sequence[int] | None = None,
-    engine: str = "cached",
-    batch_size: int | None = None,
-    progress: Progress | None = None,
-    ci: Bootstrap | None = None,
-    seed: int = 0,
+    settings: RunSettings = RunSettings(),
 ) -> pd.DataFrame:
     """Baseline row, then one row per removed layer: perplexity, change and ratio (and with
-    `ci`, bootstrap intervals: `stats.frame`).
+    `settings.ci`, bootstrap intervals: `stats.frame`).
 
     Args:
         tokens: `(1, pos)` token ids of a passage, BOS already decided by the caller, or
@@ -51,16 +46,13 @@ def block_ablation(
         part: "block" (the whole block skipped), "attn" or "mlp".
         method: "zero" (remove), "mean" (replace by the clean mean over positions) or
             "resample" (a half only, on a corpus: by what it wrote on another document,
-            position by position; the documents paired by `seed`).
-        stride: sliding-window stride for text longer than the context (default n_ctx/2).
+            position by position; the documents paired by `settings.seed`).
         layers: which blocks to remove (default all).
-        engine: "cached" (run each variant from the block it changes, batched) or "naive"
-            (one hooked forward per variant: the reference). Same numbers either way.
-        batch_size: variants per batch for the cached engine (default: by memory).
+        settings: how it runs (`RunSettings`: stride, engine, batch size, intervals, seed,
+            progress). Same numbers with either engine.
     """
     one_of(Part, part, "part")
     one_of(Method, method, "method")
-    scoring.check_engine(engine)
     check_method(part, method)
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
@@ -68,10 +60,10 @@ def block_ablation(
         raise BlockscopeError(f"layers must be between 0 and {n_layers - 1}")
     docs = as_docs(tokens)
     variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
-                                  stride=stride, engine=engine, seed=seed)
+                                  settings=settings)
     similarity = BlockSimilarity(n_layers, part)  # from the clean passes either engine runs
-    df = scoring.run(model, docs, variants, prepared=prepared, stride=stride,
-                  batch_size=batch_size, progress=progress, ci=ci, on_clean=similarity.add)
+    df = scoring.run(model, docs, variants, settings, prepared=prepared,
+                     on_clean=similarity.add)
     similarity = similarity.joined(docs.comm)
     df["layer"] = df["layer"].astype("Int64")
     df.loc[0, ["part", "method"]] = "none"
@@ -83,15 +75,14 @@ def block_ablation(
     return df
 
 
-def removals(model, docs, *, part: str, method: str, layers: list[int], stride: int | None,
-             engine: str, seed: int) -> tuple[list[Variant], scoring.Prepared]:
+def removals(model, docs, *, part: str, method: str, layers: list[int],
+             settings: RunSettings) -> tuple[list[Variant], scoring.Prepared]:
     """One variant per removed layer (its fill made as `method` says), and the prepared
     clean passes and means they were made from."""
     edits = [intervention(part, i) for i in layers]
     names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
     drawn = [e.point for e in edits] if method == "resample" else []
-    prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine, mean_names=names,
-                            resample=drawn, seed=seed)
+    prepared = scoring.prepare(model, docs, settings, mean_names=names, resample=drawn)
     if method == "mean":
         edits = [e.with_mean(prepared.means) for e in edits]
     if method == "resample":
@@ -101,21 +92,21 @@ def removals(model, docs, *, part: str, method: str, layers: list[int], stride: 
 
 
 def decomposed(model, tokens, *, part: str = "block", method: str = "zero",
-               stride: int | None = None, layers: Sequence[int] | None = None, seed: int = 0,
-               progress: Progress | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+               layers: Sequence[int] | None = None, settings: RunSettings = RunSettings()
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each removal's change in the correct token's centred logit split into its own
     write, later blocks' reactions and the final norm (`decompose`): per component, and
-    per scored token."""
+    per scored token. It runs the naive loop, whatever `settings.engine` says."""
     from blockscope.experiments.decompose import decompose
 
     check_method(part, method)
     docs = as_docs(tokens)
     layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
+    settings = replace(settings, engine="naive")
     variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
-                                  stride=stride, engine="naive", seed=seed)
+                                  settings=settings)
     per_doc = [scoring.resampled(model, docs, k, variants, prepared) for k in range(len(docs.ids))]
-    df, tokens_df = decompose(model, docs, per_doc, part=part, stride=stride,
-                              progress=progress)
+    df, tokens_df = decompose(model, docs, per_doc, part=part, settings=settings)
     df.insert(3, "method", method)
     if method == "resample":
         df.attrs["resample"] = scoring.pairing(docs, prepared)

@@ -31,6 +31,7 @@ from blockscope.errors import BlockscopeError
 from blockscope.interventions import applied, hooks
 from blockscope.model.arch import layout
 from blockscope.sweeps.naive import model_windows
+from blockscope.sweeps.settings import RunSettings
 
 TOLERANCE = 1e-4  # of the centred logit's scale: float32 rounding of the writes
 MEANING = {
@@ -138,8 +139,8 @@ def window_terms(model, chunk, w, variants, part: str) -> list[dict]:
     return out
 
 
-def decompose(model, docs, variants, *, part: str, stride: int | None = None,
-              progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSettings()
+              ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per removed component: `component, layer, part, total, direct, downstream,
     final_norm, self_repair, downstream_<j>`; one row per scored token and component).
     Raises where the split is not exact: a final-logit softcap, or a remainder."""
@@ -150,7 +151,7 @@ def decompose(model, docs, variants, *, part: str, stride: int | None = None,
     n = model.cfg.n_layers
     per_token = []
     for d, ids in enumerate(docs.ids):
-        for w in model_windows(model, ids, stride):
+        for w in model_windows(model, ids, settings.stride):
             chunk = ids[:, w.begin : w.end]
             for v, t in zip(variants[d], window_terms(model, chunk, w, variants[d], part),
                             strict=True):
@@ -162,8 +163,8 @@ def decompose(model, docs, variants, *, part: str, stride: int | None = None,
                 for j in range(n):
                     frame[f"downstream_{j}"] = t["downstream"][j].numpy()
                 per_token.append(frame)
-            if progress:
-                progress()
+            if settings.progress:
+                settings.progress()
     tokens = pd.concat(per_token, ignore_index=True)
     cols = [f"downstream_{j}" for j in range(n)]
     tokens["downstream"] = tokens[cols].sum(axis=1, min_count=1).fillna(0.0)

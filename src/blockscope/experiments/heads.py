@@ -23,8 +23,8 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Resampled, ScaleHeads
 from blockscope.sweeps import scoring
 from blockscope.sweeps.gradient import gradient_pass
-from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.variant import Progress, Variant
+from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 # What prune-heads' figures mean, for its sidecar.
 MEANINGS = {
@@ -36,16 +36,16 @@ MEANINGS = {
 }
 
 
-def prepare(model, tokens, *, method: str = "zero", stride: int | None = None,
-            engine: str = "cached", seed: int = 0) -> scoring.Prepared:
+def prepare(model, tokens, *, method: str = "zero", settings: RunSettings = RunSettings()
+            ) -> scoring.Prepared:
     """The clean passes (or NLL) and, for `method` mean, the clean mean z (for resample, the
-    documents' partners, drawn with `seed`) that every head experiment below starts from:
-    computed once, passed to each as `prepared=`."""
-    return prepare_fill(model, as_docs(tokens), stride, method, engine, seed=seed)[0]
+    documents' partners, drawn with `settings.seed`) that every head experiment below
+    starts from: computed once, passed to each as `prepared=`."""
+    return prepare_fill(model, as_docs(tokens), method, settings)[0]
 
 
-def prepare_fill(model, docs, stride, method: str, engine: str,
-                 prepared: scoring.Prepared | None = None, seed: int = 0
+def prepare_fill(model, docs, method: str, settings: RunSettings,
+                 prepared: scoring.Prepared | None = None
                  ) -> tuple[scoring.Prepared, dict | None]:
     """`prepared` (made here if None), and `fill`: None for zero ablation, else each
     layer's clean mean z over positions (n_heads, d_head), or its z on another document
@@ -54,23 +54,23 @@ def prepare_fill(model, docs, stride, method: str, engine: str,
     names = [n for i in range(model.cfg.n_layers)  # where each layer's z is read
              for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
     if prepared is None:
-        prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine, heads=True,
-                                mean_names=names if method == "mean" else (),
-                                resample=names if method == "resample" else (), seed=seed)
-    elif prepared.engine != engine or not set(names) <= set(
+        prepared = scoring.prepare(model, docs, settings, heads=True,
+                                   mean_names=names if method == "mean" else (),
+                                   resample=names if method == "resample" else ())
+    elif prepared.engine != settings.engine or not set(names) <= set(
             {"mean": prepared.means, "resample": prepared.resample}.get(method, names)):
         raise ValueError(f"`prepared` was made for another engine or method than "
-                         f"{engine}/{method}")
+                         f"{settings.engine}/{method}")
     fill = ({i: prepared.means[n] for i, n in enumerate(names)} if method == "mean" else
             {i: Resampled(n) for i, n in enumerate(names)} if method == "resample" else None)
     return prepared, fill
 
 
-def _head_sweep(model, docs, items, *, prepared, fill, **kw):
+def _head_sweep(model, docs, items, settings: RunSettings, *, prepared, fill):
     """Score `items` = [(label, layer, keep (n_heads,))], each changing one layer's heads."""
     variants = [Variant(label, (ScaleHeads(layer, keep, fill[layer] if fill else None),))
                 for label, layer, keep in items]
-    return scoring.run(model, docs, variants, prepared=prepared, **kw)
+    return scoring.run(model, docs, variants, settings, prepared=prepared)
 
 
 def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -81,27 +81,25 @@ def _check(values: Sequence[int] | None, n: int, what: str) -> list[int]:
 
 
 def single_head_ablation(
-    model, tokens, *, method: str = "zero", stride: int | None = None,
-    layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-    engine: str = "cached", batch_size: int | None = None, progress: Progress | None = None,
-    ci: Bootstrap | None = None, prepared: scoring.Prepared | None = None,
+    model, tokens, *, method: str = "zero", layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None, prepared: scoring.Prepared | None = None,
+    settings: RunSettings = RunSettings(),
 ) -> pd.DataFrame:
     """Baseline row, then one row per (layer, head) removed alone. `tokens`: a passage
-    `(1, pos)` or `corpus.Docs`; `ci`: bootstrap intervals (`stats.frame`); `prepared`:
-    from `prepare` with the same method and engine, if at hand."""
+    `(1, pos)` or `corpus.Docs`; `settings.ci`: bootstrap intervals (`stats.frame`);
+    `prepared`: from `prepare` with the same method and settings, if at hand."""
     cfg = model.cfg
     layers = _check(layers, cfg.n_layers, "layers")
     heads = _check(heads, cfg.n_heads, "heads")
     docs = as_docs(tokens)
-    prepared, fill = prepare_fill(model, docs, stride, method, engine, prepared)
+    prepared, fill = prepare_fill(model, docs, method, settings, prepared)
     items = []
     for layer in layers:
         for head in heads:
             keep = torch.ones(cfg.n_heads)
             keep[head] = 0
             items.append(({"layer": layer, "head": head, "method": method}, layer, keep))
-    df = _head_sweep(model, docs, items, prepared=prepared, fill=fill, stride=stride,
-                     batch_size=batch_size, progress=progress, ci=ci)
+    df = _head_sweep(model, docs, items, settings, prepared=prepared, fill=fill)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     df.loc[0, "method"] = "none"
     if method == "resample":
@@ -110,8 +108,8 @@ def single_head_ablation(
 
 
 def head_importance(
-    model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
-    prepared: scoring.Prepared | None = None,
+    model, tokens, *, keep: torch.Tensor | None = None,
+    prepared: scoring.Prepared | None = None, settings: RunSettings = RunSettings(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(importance, normalised), each (n_layers, n_heads).
 
@@ -121,30 +119,28 @@ def head_importance(
     the tokens scored; over documents (`corpus.Docs`, every process), every window of every
     document. normalised divides each layer's scores by their L2 norm (Michel et al.'s code).
     With the cached clean passes in `prepared`, the pass runs as `gradient_pass` says.
+    Of `settings`, only the stride matters here.
     """
-    importance, normalised, _ = gradient_pass(model, tokens, stride=stride, keep=keep,
+    importance, normalised, _ = gradient_pass(model, tokens, stride=settings.stride, keep=keep,
                                               prepared=prepared)
     return importance, normalised
 
 
 def one_head_per_layer(
     model, tokens, importance: torch.Tensor, *, method: str = "zero",
-    stride: int | None = None, engine: str = "cached", batch_size: int | None = None,
-    progress: Progress | None = None, ci: Bootstrap | None = None,
-    prepared: scoring.Prepared | None = None,
+    prepared: scoring.Prepared | None = None, settings: RunSettings = RunSettings(),
 ) -> pd.DataFrame:
     """For each layer alone: keep only its most important head, other layers intact."""
     cfg = model.cfg
     docs = as_docs(tokens)
-    prepared, fill = prepare_fill(model, docs, stride, method, engine, prepared)
+    prepared, fill = prepare_fill(model, docs, method, settings, prepared)
     items = []
     for layer in range(cfg.n_layers):
         kept = int(importance[layer].argmax())
         keep = torch.zeros(cfg.n_heads)
         keep[kept] = 1
         items.append(({"layer": layer, "kept_head": kept}, layer, keep))
-    df = _head_sweep(model, docs, items, prepared=prepared, fill=fill, stride=stride,
-                     batch_size=batch_size, progress=progress, ci=ci)
+    df = _head_sweep(model, docs, items, settings, prepared=prepared, fill=fill)
     df[["layer", "kept_head"]] = df[["layer", "kept_head"]].astype("Int64")
     return df
 

@@ -20,6 +20,7 @@ from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit, Knockout, Site
 from blockscope.sweeps.interchange import Run, edit_hooks, sweep
 from blockscope.sweeps.metrics import TargetProb
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
 EDGES = ("subject", "non_subject", "last")
@@ -54,7 +55,7 @@ def variants(n_layers: int, n_tokens: int, span, window: int, bos: bool = False
 
 
 def knockout(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
-             window: int = 9, bos: bool = False, engine: str = "cached", progress=None
+             window: int = 9, bos: bool = False, settings: RunSettings = RunSettings()
              ) -> pd.DataFrame:
     """One row per (edge set, window): `from, layer_start, layer_end, p_target,
     relative_change`. attrs: p_clean, how it ran."""
@@ -62,8 +63,7 @@ def knockout(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
         raise BadValue("`window` must be at least 1")
     vs = variants(model.cfg.n_layers, tokens.shape[-1], span, window, bos)
     check_reaches_softmax(model, tokens, vs[0])
-    res = sweep(model, Run(tokens), {}, vs, TargetProb(target), engine=engine,
-                progress=progress)
+    res = sweep(model, Run(tokens), {}, vs, TargetProb(target), settings)
     clean = float(res.base[0])
     df = pd.DataFrame([{**v.label, "p_target": float(p[0]),
                         "relative_change": (float(p[0]) - clean) / clean}

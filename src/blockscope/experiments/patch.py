@@ -17,6 +17,7 @@ from blockscope.errors import BadValue
 from blockscope.interventions.interchange import Edit, Patch, Site
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import LogitDiff, TargetLogProb
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
 SITES = {"resid-pre": "hook_resid_pre", "attn-out": "hook_attn_out",
@@ -62,8 +63,8 @@ def variants(n_layers: int, n_heads: int, n_tokens: int, sites) -> list[Variant]
 
 
 def patch(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: int,
-          contrast: int | None = None, sites=("resid-pre",), engine: str = "cached",
-          progress=None) -> pd.DataFrame:
+          contrast: int | None = None, sites=("resid-pre",),
+          settings: RunSettings = RunSettings()) -> pd.DataFrame:
     """One row per patched site: `site, layer, head, position, token, logit_diff` (or
     `log_prob`), `normalized`. attrs: the clean and corrupted values, how it ran."""
     check_sites(sites)
@@ -71,8 +72,7 @@ def patch(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: int,
     metric = TargetLogProb(target) if contrast is None else LogitDiff(target, contrast)
     n = clean.shape[-1]
     vs = variants(model.cfg.n_layers, model.cfg.n_heads, n, sites)
-    res = sweep(model, Run(corrupted), {"clean": Run(clean)}, vs, metric, engine=engine,
-                progress=progress)
+    res = sweep(model, Run(corrupted), {"clean": Run(clean)}, vs, metric, settings)
     lo, hi = float(res.base[0]), float(res.sources["clean"][0])
     words = [model.tokenizer.decode([t]) for t in clean[0].tolist()]
     rows = []

@@ -17,6 +17,7 @@ within a tolerance off each curve (the last step before it first leaves the band
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -28,8 +29,8 @@ from blockscope.experiments.similarity import BlockSimilarity
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import SkipBlock
 from blockscope.sweeps import scoring
-from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.variant import Progress, Variant
+from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 ORDERS = tuple(BlockOrder)  # every order, in the order the CLI lists them
 ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",
@@ -90,30 +91,30 @@ def block_params(model) -> tuple[list[int], int]:
 
 
 def block_curve(
-    model, tokens, *, orders=("greedy",), stride: int | None = None, seed: int = 0,
-    engine: str = "cached", ablation: pd.DataFrame | None = None,
-    max_removed: int | None = None, batch_size: int | None = None,
-    progress: Progress | None = None, ci: Bootstrap | None = None,
+    model, tokens, *, orders=("greedy",), ablation: pd.DataFrame | None = None,
+    max_removed: int | None = None, settings: RunSettings = RunSettings(),
 ) -> tuple[list[pd.DataFrame], dict]:
     """One curve per order (rows: step 0 = the baseline, then each step), and the cheap
     metrics the static orders were ranked by (`{"influence": [...], "angular": [...]}`).
 
     tokens: a passage `(1, pos)` or `corpus.Docs`. max_removed: stop after that many blocks
-    (default all). ablation: the single-block sweep (`ablate.block_ablation`), if at hand."""
+    (default all). ablation: the single-block sweep (`ablate.block_ablation`), if at hand.
+    The random order is drawn with `settings.seed`."""
     check_orders(orders)
     L = model.cfg.n_layers
     top = L if max_removed is None else max_removed
     if not 1 <= top <= L:
         raise BadValue(f"`max_removed` must be between 1 and {L} (got {top})")
     docs = as_docs(tokens)
-    prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine)
+    prepared = scoring.prepare(model, docs, settings)
+    progress, quiet = settings.progress, settings.quiet()  # this curve reports per step
     similarity, windows = BlockSimilarity(L), WindowDistance(L)
 
     def seen(clean):
         similarity.add(clean)
         windows.add(clean)
 
-    kw = dict(prepared=prepared, stride=stride, batch_size=batch_size)
+    kw = dict(settings=quiet, prepared=prepared)
     base = scoring.scores(model, docs, [], on_clean=seen, **kw)
     similarity, per, total = similarity.joined(docs.comm), *block_params(model)
     windows = _joined(windows, docs.comm)
@@ -126,12 +127,13 @@ def block_curve(
         if ablation is None:
             from blockscope.experiments.ablate import block_ablation
 
-            ablation = block_ablation(model, docs, stride=stride, engine=engine)
+            ablation = block_ablation(model, docs, settings=replace(quiet, ci=None))
         rows = ablation.iloc[1:].sort_values("perplexity", kind="stable")
         ranked["ablation"] = [int(r) for r in rows["layer"]]
     influence = similarity.frame()["block_influence"].tolist()
     ranked["influence"] = sorted(range(L), key=lambda i: (influence[i], i))
-    ranked["random"] = torch.randperm(L, generator=torch.Generator().manual_seed(seed)).tolist()
+    drawn = torch.Generator().manual_seed(settings.seed)
+    ranked["random"] = torch.randperm(L, generator=drawn).tolist()
     angular = [windows.best(n) for n in range(1, L + 1)]
     curves = []
     for order in orders:
@@ -147,7 +149,7 @@ def block_curve(
             if progress:
                 for _ in steps:
                     progress()
-        curves.append(_curve(order, base, steps, scores, per, total, ci))
+        curves.append(_curve(order, base, steps, scores, per, total, settings.ci))
     metrics = {"influence": influence,
                "angular": [{"n": n, "first": f, "distance": d}
                            for n, (f, d) in enumerate(angular, 1)]}

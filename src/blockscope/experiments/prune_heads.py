@@ -18,8 +18,8 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import head_edits
 from blockscope.sweeps import scoring
 from blockscope.sweeps.gradient import gradient_pass
-from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.variant import Progress, Variant
+from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 # What each pruning step records of its run (the intervals are paired with step 0).
 ROW = ["n_scored", "nll", "perplexity", "delta", "ratio", "kl", "ci_low", "ci_high",
@@ -34,16 +34,16 @@ def check_pruning(order: str, step: float) -> None:
 
 def pruning_curve(
     model, tokens, *, order: str = "gradient", step: float = 0.1,
-    method: str = "zero", stride: int | None = None, ablation: pd.DataFrame | None = None,
-    seed: int = 0, engine: str = "cached", progress: Progress | None = None,
-    ci: Bootstrap | None = None, importance: torch.Tensor | None = None,
-    prepared: scoring.Prepared | None = None, refine: float | None = None,
+    method: str = "zero", ablation: pd.DataFrame | None = None,
+    importance: torch.Tensor | None = None, prepared: scoring.Prepared | None = None,
+    refine: float | None = None, settings: RunSettings = RunSettings(),
 ) -> pd.DataFrame:
     """Remove heads cumulatively, least important first, until none is left.
 
     order: "gradient" re-computes the normalised importance of the remaining heads after
     every step (as Michel et al. do); "ablation" uses the single-head ablation ranking
-    (`ablation`, from `single_head_ablation`), computed once; "random" a seeded permutation.
+    (`ablation`, from `single_head_ablation`), computed once; "random" a permutation drawn
+    with `settings.seed`.
     step: below 1, that fraction of the remaining heads per step (at least one); else a count.
     importance: the normalised importance of the whole model (`head_importance`), if at hand;
     prepared: from `prepare` with the same method and engine, if at hand.
@@ -58,21 +58,23 @@ def pruning_curve(
     cfg = model.cfg
     check_pruning(order, step)
     docs = as_docs(tokens)
-    prepared, fill = prepare_fill(model, docs, stride, method, engine, prepared)
-    run = functools.partial(scoring.run, model, docs, prepared=prepared, stride=stride, ci=ci)
-    base = scoring.scores(model, docs, [], prepared=prepared, stride=stride)  # checked, or naive
-    fused = order == "gradient" and engine == "cached" and fill is None
+    prepared, fill = prepare_fill(model, docs, method, settings, prepared)
+    stride, ci, progress = settings.stride, settings.ci, settings.progress
+    quiet = settings.quiet()  # each step's sweep: this curve reports per step
+    run = functools.partial(scoring.run, model, docs, settings=quiet, prepared=prepared)
+    base = scoring.scores(model, docs, [], quiet, prepared=prepared)  # checked, or naive
+    fused = order == "gradient" and settings.engine == "cached" and fill is None
     n_total = cfg.n_layers * cfg.n_heads
     keep = torch.ones(cfg.n_layers, cfg.n_heads)
     static = None
     if order == "ablation":
         if ablation is None:
-            ablation = single_head_ablation(model, docs, method=method, stride=stride,
-                                            engine=engine, prepared=prepared)
+            ablation = single_head_ablation(model, docs, method=method, prepared=prepared,
+                                            settings=quiet)
         rows = ablation.iloc[1:].sort_values("perplexity", kind="stable")
         static = [(int(r.layer), int(r.head)) for r in rows.itertuples()]
     elif order == "random":
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(settings.seed)
         perm = torch.randperm(n_total, generator=g).tolist()
         static = [divmod(i, cfg.n_heads) for i in perm]
     records = [{"step": 0, "heads_removed": 0, **base.frame(ci).iloc[0][ROW].to_dict()}]

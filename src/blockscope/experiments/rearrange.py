@@ -18,8 +18,8 @@ from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import Rearrange
 from blockscope.sweeps import scoring
-from blockscope.sweeps.stats import Bootstrap
-from blockscope.sweeps.variant import Progress, Variant
+from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 KINDS = ("swap", "reverse", "repeat", "parallel")
 COLUMNS = ["variant", "arrangement", "kind", "first", "last", "order", "n_scored", "nll",
@@ -79,15 +79,13 @@ def adjacent_swaps(n_layers: int) -> list[Rearrange]:
 
 
 def rearranged(
-    model, tokens, arrangements: Sequence[Rearrange], *, stride: int | None = None,
-    engine: str = "cached", batch_size: int | None = None,
-    progress: Progress | None = None, ci: Bootstrap | None = None,
+    model, tokens, arrangements: Sequence[Rearrange], *,
+    settings: RunSettings = RunSettings(),
 ) -> pd.DataFrame:
     """Baseline row, then one row per arrangement: perplexity, change, ratio, KL from the
-    clean distribution (and with `ci`, bootstrap intervals).
+    clean distribution (and with `settings.ci`, bootstrap intervals).
 
     tokens: a passage `(1, pos)` or `corpus.Docs`."""
-    scoring.check_engine(engine)
     if not arrangements:
         raise BadValue("give at least one arrangement")
     n_layers = model.cfg.n_layers
@@ -95,12 +93,11 @@ def rearranged(
         if a.last >= n_layers:
             raise BadValue(f"`{a.name}`: the model has {n_layers} blocks")
     docs = as_docs(tokens)
-    prepared = scoring.prepare(model, docs, stride=stride, engine_name=engine)
+    prepared = scoring.prepare(model, docs, settings)
     variants = [Variant({"arrangement": a.name, "kind": a.name.split()[0], "first": a.first,
                          "last": a.last, "order": a.order(n_layers)}, (a,))
                 for a in arrangements]
-    df = scoring.run(model, docs, variants, prepared=prepared, stride=stride,
-                  batch_size=batch_size, progress=progress, ci=ci)
+    df = scoring.run(model, docs, variants, settings, prepared=prepared)
     df.loc[0, ["arrangement", "kind", "order"]] = ["none", "none",
                                                   " ".join(map(str, range(n_layers)))]
     attrs = df.attrs

@@ -22,6 +22,7 @@ from blockscope.errors import BadValue
 from blockscope.interventions.interchange import AddNoise, Edit, Patch, Site
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import TargetProb
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
 KINDS = ("resid", "mlp", "attn")
@@ -96,10 +97,11 @@ def check(kinds, samples: int, window: int, sever: str | None) -> None:
 
 def trace(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
           kinds=KINDS, samples: int = 10, window: int = 10, noise: float = 3.0,
-          seed: int = 0, sever: str | None = None, engine: str = "cached",
-          progress=None) -> pd.DataFrame:
+          sever: str | None = None, settings: RunSettings = RunSettings()) -> pd.DataFrame:
     """One row per (kind, layer, position): `kind, layer, position, token, p_target,
-    indirect_effect`. attrs: p_clean, p_corrupted, the noise's scale and seed, how it ran."""
+    indirect_effect`. attrs: p_clean, p_corrupted, the noise's scale and seed, how it ran.
+    The noise is drawn with `settings.seed` (`draw_noise`)."""
+    seed = settings.seed
     check(kinds, samples, window, sever)
     lo, hi = span
     n, T = model.cfg.n_layers, tokens.shape[-1]
@@ -108,8 +110,7 @@ def trace(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
     base = Run(tokens, (Edit(Site("hook_embed", None, tuple(range(lo, hi))), AddNoise(), eps),),
                samples=samples)
     vs = variants(n, T, kinds, window, sever)
-    res = sweep(model, base, {"clean": Run(tokens)}, vs, TargetProb(target), engine=engine,
-                progress=progress)
+    res = sweep(model, base, {"clean": Run(tokens)}, vs, TargetProb(target), settings)
     low, high = float(res.base.mean()), float(res.sources["clean"][0])
     words = [model.tokenizer.decode([t]) for t in tokens[0].tolist()]
     rows = [{**v.label, "token": words[v.label["position"]], "p_target": float(p.mean()),

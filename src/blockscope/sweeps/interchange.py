@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from blockscope.choices import Engine, one_of
 from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
 
@@ -160,14 +160,14 @@ def source_names(variants: Sequence[Variant]) -> dict[str, set[str]]:
     return need
 
 
-def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant], metric, *,
-          engine: str = "cached", batch_size: int | None = None,
-          progress: Callable | None = None) -> Result:
+def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant], metric,
+          settings: RunSettings = RunSettings()) -> Result:
     """Every variant's metric on every sample of the base run. `sources` names the runs
-    edits read from; "base" names the base run itself (a freeze)."""
+    edits read from; "base" names the base run itself (a freeze). Of `settings`: the engine,
+    the batch size and the progress callback."""
     from blockscope.sweeps import resume
 
-    one_of(Engine, engine, "engine")
+    engine, progress = settings.engine, settings.progress
     need = source_names(variants)
     unknown = sorted(set(need) - set(sources) - {"base"})
     if unknown:
@@ -182,7 +182,7 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     if engine == "cached":
         values, how = resume.cached(
             model, base, kept, variants, acts, metric,
-            lambda v: variant_logits(model, base, v, acts), batch_size=batch_size,
+            lambda v: variant_logits(model, base, v, acts), batch_size=settings.batch_size,
             progress=progress)
     if values is None:
         values = naive(model, base, variants, acts, metric, progress)

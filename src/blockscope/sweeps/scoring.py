@@ -15,7 +15,6 @@ import pandas as pd
 import torch
 
 from blockscope.allocator import release
-from blockscope.choices import Engine, one_of
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
@@ -30,11 +29,8 @@ from blockscope.sweeps.naive import (
     naive_nlls,
     partners,
 )
-from blockscope.sweeps.variant import Progress, Variant
-
-
-def check_engine(name: str) -> None:
-    one_of(Engine, name, "engine")
+from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 
 @dataclass
@@ -57,17 +53,18 @@ class Prepared:
     seed: int = 0  # the partners' seed
 
 
-def prepare(model, tokens, *, stride: int | None = None, engine_name: str,
+def prepare(model, tokens, settings: RunSettings = RunSettings(), *,
             mean_names: Sequence[str] = (), heads: bool = False,
-            resample: Sequence[str] = (), seed: int = 0) -> Prepared:
+            resample: Sequence[str] = ()) -> Prepared:
     """Means over every position of every window of every document (of every process), and
     the one document's clean passes or NLL when this process holds just one.
 
     `tokens`: a passage `(1, pos)` or `corpus.Docs`. With one window the cached clean pass
     gives the means; otherwise one hooked pass per window does. `resample`: the hook points
     whose activations on another document (`sweep.partners`, seeded) `Resampled` fills read:
-    two or more documents, each within the context, in one process."""
-    check_engine(engine_name)
+    two or more documents, each within the context, in one process (partners drawn with
+    `settings.seed`)."""
+    engine_name, stride, seed = settings.engine, settings.stride, settings.seed
     docs = as_docs(tokens)
     if resample:
         _check_resample(model, docs)
@@ -175,17 +172,16 @@ def doc_units(index: int, scores: torch.Tensor, unit: str) -> list:
     return [(index, j, s, c) for j, (s, c) in enumerate(zip(sums, counts, strict=True))]
 
 
-def run(model, tokens, variants: Sequence[Variant], *, ci: stats.Bootstrap | None = None,
+def run(model, tokens, variants: Sequence[Variant], settings: RunSettings = RunSettings(),
         **kw) -> pd.DataFrame:
     """Baseline row, then one row per variant, over every document of every process: the
-    `scores` as a table, with bootstrap intervals when `ci` is given."""
-    return scores(model, tokens, variants, **kw).frame(ci)
+    `scores` as a table, with bootstrap intervals when `settings.ci` is given."""
+    return scores(model, tokens, variants, settings, **kw).frame(settings.ci)
 
 
-def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
-           stride: int | None = None, batch_size: int | None = None,
-           progress: Progress | None = None,
-           on_clean: Callable[[clean.Clean], None] | None = None) -> Scores:
+def scores(model, tokens, variants: Sequence[Variant], settings: RunSettings = RunSettings(),
+           *, prepared: Prepared, on_clean: Callable[[clean.Clean], None] | None = None
+           ) -> Scores:
     """The baseline's and each variant's NLL sums per unit, over every document of every
     process.
 
@@ -193,7 +189,9 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
     per unit (a document, or a 128-token chunk of one passage) only the NLL sums and token
     counts are kept, gathered across processes. If the engine's self-check fails on a
     document, that document is scored by the naive loop and `how["fallback"]` says why; the
-    numbers are then the reference's. `on_clean` sees every clean pass."""
+    numbers are then the reference's. `on_clean` sees every clean pass. The engine is the
+    one `prepared` was made for; `settings` gives the stride, batch size and progress."""
+    stride, progress = settings.stride, settings.progress
     docs = as_docs(tokens)
     labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
     def starts_of(variants):
@@ -213,8 +211,9 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
         wins = model_windows(model, ids, stride)
         here = resampled(model, docs, k, variants, prepared)  # each document's own fills
         nlls, how = _score(model, ids, wins, here,
-                           starts_of(here) if prepared.resample else starts, prepared, one,
-                           batch_size, progress if one else None, on_clean, check=k == 0)
+                           starts_of(here) if prepared.resample else starts, prepared,
+                           settings if one else settings.quiet(), prepared_here=one,
+                           on_clean=on_clean, check=k == 0)
         units += doc_units(docs.index[k], torch.stack(nlls), docs.unit)
         hows.append(how)
         if not one:
@@ -226,12 +225,14 @@ def scores(model, tokens, variants: Sequence[Variant], *, prepared: Prepared,
     return gather_units(docs, units, hows, labels)
 
 
-def _score(model, ids, wins, variants, starts, prepared: Prepared, prepared_here: bool,
-           batch_size, progress, on_clean, check: bool = True) -> tuple[list[torch.Tensor], dict]:
+def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: RunSettings, *,
+           prepared_here: bool, on_clean, check: bool = True
+           ) -> tuple[list[torch.Tensor], dict]:
     """One document's per-token NLL, baseline first, and how it ran (`prepared_here`: the
     clean or baseline passes in `prepared` are this document's, so they are used, not made
     again; `check`: hold the engine's variants to the hooked model on this document,
     `check_variants`)."""
+    progress = settings.progress
     if starts is None:
         refs = prepared.reference if prepared_here else (
             _reference(model, ids, wins) if on_clean else None)
@@ -245,7 +246,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, prepared_here
         on_clean(c)
     try:
         nlls, how = engine.engine_nlls(model, ids, starts, wins=wins, cleans=cleans,
-                                       batch_size=batch_size, progress=progress)
+                                       batch_size=settings.batch_size, progress=progress)
         if check:
             selfcheck.check_variants(model, ids, wins[0], cleans[0], nlls, variants, starts)
         return nlls, how

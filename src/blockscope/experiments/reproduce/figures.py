@@ -21,6 +21,7 @@ from blockscope.experiments.article import (  # noqa: F401  (the reference's fac
     load_reference,
     packaged_reference,
 )
+from blockscope.sweeps.settings import RunSettings
 
 RESID_VARIANTS = [(False, False), (True, False), (False, True), (True, True)]  # (bos, processed)
 
@@ -112,7 +113,7 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
                        prepend_bos=a.get("prepend_bos", True), max_tokens=a.get("max_tokens"))
         with stage("ablation: skipping each block, and each removal's split",
                    model.cfg.n_layers + 2) as step:
-            df = block_ablation(model, ids, progress=step)
+            df = block_ablation(model, ids, settings=RunSettings(progress=step))
             if model_layout_splits(model):
                 frames["ablate-decompose"] = decomposed(model, ids)[0]
             step()
@@ -145,8 +146,9 @@ def model_measures(model, settings: dict, *, load_processed=None, stage=no_stage
                        max_tokens=p.get("max_tokens"))
         n_heads = model.cfg.n_layers * model.cfg.n_heads
         with stage("pruning heads (gradient order)", n_heads + 1) as step:
-            curve = pruning_curve(model, ids, order="gradient", progress=step,
-                                  refine=p.get("tolerance", 0.05))
+            curve = pruning_curve(model, ids, order="gradient",
+                                  refine=p.get("tolerance", 0.05),
+                                  settings=RunSettings(progress=step))
         frames["prune-heads curve"] = curve
         best = prunable(curve, p.get("tolerance", 0.05))
         n_total = model.cfg.n_layers * model.cfg.n_heads
