@@ -119,6 +119,37 @@ def test_the_split_is_exact_on_other_layouts(family, tmp_path, alice_text):
         assert len(df) == model.cfg.n_layers and len(tokens) == model.cfg.n_layers * (T - 1)
         left = df["direct"] + df["downstream"] + df["final_norm"] - df["total"]
         assert left.abs().max() < 1e-4
+        assert "fallback" not in df.attrs["engine"], df.attrs["engine"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
+def test_cached_reads_equal_the_naive_loop_and_a_slip_falls_back(family, tmp_path,
+                                                                 alice_text, monkeypatch):
+    """Every part, both engines, per token: the same terms to float32 rounding (sequential
+    and parallel blocks; the attention half enters mid-block where the layout allows). An
+    entry that writes the wrong residual is caught by the self-check: the naive loop's
+    numbers, and the sidecar says why."""
+    from dataclasses import replace
+
+    from blockscope.sweeps import streams
+    from blockscope.sweeps.settings import RunSettings
+
+    model = load_model(spec_for(str(save_checkpoint(family, tmp_path / family)), device="cpu"))
+    ids = model.tokenizer(alice_text, return_tensors="pt").input_ids[:, :T]
+    cols = ["total", "direct", "final_norm", "downstream"]
+    for part in ("block", "attn", "mlp"):
+        got = {e: decomposed(model, ids, part=part, settings=RunSettings(engine=e))[1]
+               for e in ("cached", "naive")}
+        assert (got["cached"][cols] - got["naive"][cols]).abs().max().max() < 1e-5
+    honest = decomposed(model, ids, part="mlp")[0]
+    assert honest.attrs["engine"] == {"engine": "cached"}
+    original = streams.start
+    monkeypatch.setattr(streams, "start", lambda *a: replace(
+        original(*a), resid=lambda c, s=original(*a): 1.01 * s.resid(c)))
+    slipped = decomposed(model, ids, part="mlp")[0]
+    assert slipped.attrs["engine"]["engine"] == "naive"
+    assert "self-check failed" in slipped.attrs["engine"]["fallback"]
+    assert (slipped[cols] - honest[cols]).abs().max().max() < 1e-5
 
 
 def test_a_softcapped_model_is_refused(tmp_path, alice_text):
@@ -159,4 +190,4 @@ def test_the_command_writes_the_split_and_refuses_per_token_alone(tiny_dir, tmp_
     mean = tokens.groupby("layer")["total"].mean()
     assert df["total"].to_numpy() == pytest.approx(mean.to_numpy())
     meta = json.loads(result(tmp_path, "ablate-tiny-gpt2-alice-decompose.json").read_text())
-    assert meta["decompose"] is True and meta["engine"] == "naive" and meta["headline"]
+    assert meta["decompose"] is True and meta["engine"] == "cached" and meta["headline"]

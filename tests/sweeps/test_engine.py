@@ -359,3 +359,41 @@ def test_apply_is_the_one_statement_of_what_is_written(tiny, ids, cls, patched, 
     moved = (torch.tensor(cached["perplexity"].tolist()[1:])
              / torch.tensor(before["perplexity"].tolist()[1:]) - 1).abs()
     assert moved.max() > 1e-4  # the patch changed what the variants write
+
+
+@pytest.mark.parametrize("ids", ["short"], indirect=True)  # one window
+def test_a_new_metric_is_one_class_the_engine_reads_off_the_final_residual(tiny, ids):
+    """A metric written here alone (each position's final-residual norm, and the argmax
+    token) goes through the engine's one loop for variants entering at several blocks and
+    mid-block, and equals the same metric of the hooked model's final residual with each
+    intervention's own hooks."""
+    from blockscope.interventions import RemoveWrite, SkipBlock, applied, hooks
+    from blockscope.model.arch import layout
+    from blockscope.sweeps import steps
+    from blockscope.sweeps.clean import clean_pass, kept_names
+    from blockscope.sweeps.engine import run_group
+    from blockscope.sweeps.entries import start
+    from blockscope.sweeps.variant import Variant
+
+    class NormAndTop:  # the whole of a new metric
+        def from_final(self, model, x):  # (B, T, d_model) -> (B, 2, T)
+            top = model.unembed(model.ln_final(x)).argmax(-1).double()
+            return torch.stack([x.norm(dim=-1).double(), top], 1)
+
+    lay, n = layout(tiny), tiny.cfg.n_layers
+    w = model_windows(tiny, ids, 100)[0]
+    clean = clean_pass(tiny, ids, w, kept_names(lay, n, z=False))
+    edits = [SkipBlock(0), RemoveWrite("attn", 1), RemoveWrite("mlp", 2)]
+    starts = [start(tiny, lay, Variant({}, (e,))) for e in edits]
+    assert [s.kind for s in starts] == ["block", "attn", "mlp"]
+    with torch.inference_mode():
+        got = run_group(tiny, lay, clean, [(s.layer, s.mid, s.resid(clean)) for s in starts],
+                        steps.plain_parts(tiny), metric=NormAndTop())
+    for e, row in zip(edits, got, strict=True):
+        kept = {}
+        with torch.inference_mode(), applied(tiny, hooks((e,)) + [(
+                "ln_final.hook_in", lambda act, hook=None: kept.update(x=act))]):
+            tiny(ids[:, w.begin : w.end], return_type="logits")
+        want = NormAndTop().from_final(tiny, kept["x"])[0]
+        assert torch.allclose(row[0], want[0], rtol=REL, atol=0)
+        assert (row[1] == want[1]).float().mean() > 0.95  # argmax: ties may flip

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.choices import Method, Part
-from blockscope.cli.common import command, err, out
+from blockscope.cli.common import command, engine_record, err, out
 from blockscope.cli.corpus_run import passage_command, stability_line, uncertainty_record
 from blockscope.cli.options import Load, Options, Output, group
 from blockscope.cli.output import write
@@ -40,7 +40,7 @@ class Ablate(Options):
     decompose: Annotated[bool, typer.Option(
         "--decompose", help="Split each removal's change in the correct token's centred "
         "logit into the component's own write, later blocks' reactions and the final norm "
-        "(self-repair); runs the naive loop.")] = False
+        "(self-repair).")] = False
     per_token: Annotated[bool, typer.Option(
         "--per-token", help="With --decompose: also a CSV of every scored token's split.")] = False
     window: WindowOptions = group(WindowOptions)
@@ -128,7 +128,7 @@ def decomposed(o: Ablate, c) -> None:
         out.print(decompose_table(df, title, part, method))
         out.print(line, highlight=False, soft_wrap=True)
     meta = run.meta("ablate", n_scored=df.attrs["n_scored"], part=part, method=method,
-                    decompose=True, engine="naive", headline=line, columns=MEANING,
+                    decompose=True, **engine_record(df), headline=line, columns=MEANING,
                     **({"resample": df.attrs["resample"]} if "resample" in df.attrs else {}),
                     wall_time_s=round(time.perf_counter() - started, 3))
     stem = f"ablate-{run.spec.slug}-{run.source.stem}{o.suffix}-decompose"

@@ -96,17 +96,17 @@ def decomposed(model, tokens, *, part: str = "block", method: str = "zero",
                ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each removal's change in the correct token's centred logit split into its own
     write, later blocks' reactions and the final norm (`decompose`): per component, and
-    per scored token. It runs the naive loop, whatever `settings.engine` says."""
+    per scored token, by `settings.engine`."""
     from blockscope.experiments.decompose import decompose
 
     check_method(part, method)
     docs = as_docs(tokens)
     layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
-    settings = replace(settings, engine="naive")
     variants, prepared = removals(model, docs, part=part, method=method, layers=layers,
                                   settings=settings)
     per_doc = [scoring.resampled(model, docs, k, variants, prepared) for k in range(len(docs.ids))]
-    df, tokens_df = decompose(model, docs, per_doc, part=part, settings=settings)
+    df, tokens_df = decompose(model, docs, per_doc, part=part, settings=settings,
+                              cleans=prepared.cleans)
     df.insert(3, "method", method)
     if method == "resample":
         df.attrs["resample"] = scoring.pairing(docs, prepared)

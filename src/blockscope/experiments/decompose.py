@@ -17,19 +17,22 @@ layer k, with w_j block j's write (clean) and w'_j (variant):
 Each is averaged over the scored tokens; direct + sum(downstream) + final_norm = total, and
 a remainder above float32 rounding is an error, not a footnote. The self-repair fraction
 is (direct - total) / direct: the share of the direct effect the rest gives back (McGrath
-et al. 2023, "The Hydra Effect"; Rushing & Nanda 2024). The variants run as the naive loop
-(one hooked forward each).
+et al. 2023, "The Hydra Effect"; Rushing & Nanda 2024). The reads behind the terms come from
+`sweeps.streams`: the cached engine (each variant from the block it removes, self-checked)
+or the naive loop (one hooked forward each).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pandas as pd
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import applied, hooks
 from blockscope.model.arch import layout
+from blockscope.sweeps import streams
 from blockscope.sweeps.naive import model_windows
 from blockscope.sweeps.settings import RunSettings
 
@@ -47,47 +50,32 @@ MEANING = {
     "run's", "self_repair": "(direct - total) / direct"}
 
 
-def _passes(model, chunk: torch.Tensor, edits, part: str) -> dict:
-    """One forward of the window `chunk` (1, T) with `edits`' hooks: each block's input and
-    the final residual (n + 1 of (T, d_model)), the final norm's output, the removed half's
-    writes, and the logits, float64."""
-    n = model.cfg.n_layers
-    names = [f"blocks.{j}.hook_resid_pre" for j in range(n)] + ["ln_final.hook_in",
-                                                                "ln_final.hook_out"]
-    if part != "block":
-        names += [f"blocks.{j}.hook_{part}_out" for j in range(n)]
-    kept: dict = {}
-
-    def keep(name):
-        def hook(act, hook=None):
-            kept[name] = act[0].detach().double()
-
-        return hook
-
-    with torch.inference_mode(), applied(model, hooks(edits) + [(m, keep(m)) for m in names]):
-        logits = model(chunk.to(model.cfg.device), return_type="logits")[0].double()
-    stream = [kept[f"blocks.{j}.hook_resid_pre"] for j in range(n)] + [kept["ln_final.hook_in"]]
-    return {"stream": stream, "normed": kept["ln_final.hook_out"], "logits": logits,
-            "half": [kept.get(f"blocks.{j}.hook_{part}_out") for j in range(n)]}
-
-
 class Readout:
     """r(x): the centred unembedding row of each scored token, read through the final norm
-    with the clean run's scale (its linear part: the bias cancels), one value per token."""
+    with the clean run's scale (its linear part: the bias cancels), one value per token;
+    and `final`, the same readout with a final residual's own scale (the norm's bias left
+    out, as in r), to which `offset` adds the norm's bias and the unembedding's to give the
+    centred logit. Built from the clean run's final residual h (T, d_model)."""
 
-    def __init__(self, model, clean: dict, rows: torch.Tensor, targets: torch.Tensor):
-        ln = model.ln_final
-        W = model.unembed.original_component.weight.detach().double()  # (d_vocab, d_model)
+    def __init__(self, model, h: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor):
+        self.model, ln = model, model.ln_final
+        W = model.unembed.original_component.weight.detach()  # (d_vocab, d_model)
         self.rows, self.rms = rows, bool(ln.uses_rms_norm)
-        self.u = W[targets] - W.mean(0)  # (n, d_model): centred target rows
-        h = clean["stream"][-1][rows]  # (n, d_model)
-        scale = self._scale(model, self._centre(h))  # (n, 1)
+        self.u = W[targets].double() - W.mean(0, dtype=torch.float64)  # (n, d_model): the
+        #   centred target rows
+        scale = self._scale(model, self._centre(h[rows].double()))  # (n, 1)
         weight = (ln.weight.detach().double()
                   + (1.0 if getattr(ln, "uses_weight_offset", False) else 0.0))
         self.direction = self.u * weight / scale  # (n, d_model)
         bias = getattr(ln.original_component, "bias", None)
-        self.bias = (torch.zeros(len(rows), dtype=torch.float64) if bias is None or self.rms
-                     else self.u @ bias.detach().double())  # (n,): u . beta
+        self.beta = None if bias is None or self.rms else bias.detach().double()
+        b_U = getattr(model.unembed.original_component, "bias", None)  # (d_vocab,) or None
+        self.offset = torch.zeros(len(rows), dtype=torch.float64, device=self.u.device)
+        if self.beta is not None:
+            self.offset += self.u @ self.beta
+        if b_U is not None:
+            b_U = b_U.detach().double()
+            self.offset += b_U[targets] - b_U.mean()
 
     def _centre(self, x):
         return x if self.rms else x - x.mean(-1, keepdim=True)
@@ -99,69 +87,64 @@ class Readout:
         return (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """r(x) (n,) for a stream-shaped x (T, d_model)."""
-        return (self._centre(x[self.rows]) * self.direction).sum(-1)
+        """r(x) (..., n) for stream points x (..., T, d_model)."""
+        return (self._centre(x[..., self.rows, :].double()) * self.direction).sum(-1)
 
-    def centred_logit(self, run: dict, targets: torch.Tensor) -> torch.Tensor:
-        z = run["logits"][self.rows]  # (n, d_vocab)
-        return z.gather(-1, targets[:, None])[:, 0] - z.mean(-1)
-
-
-def window_terms(model, chunk, w, variants, part: str) -> list[dict]:
-    """Each variant's per-token terms (n_scored,) in window `w`: total, direct,
-    downstream (n_layers, n_scored; NaN before the removed layer), final_norm."""
-    n = model.cfg.n_layers
-    lo = w.offset
-    rows = torch.arange(lo - 1, chunk.shape[-1] - 1)  # the positions predicting the scored
-    targets = chunk[0, lo:].to(rows.device)
-    clean = _passes(model, chunk, (), part)
-    r = Readout(model, clean, rows, targets)
-    base = r.centred_logit(clean, targets)
-    out = []
-    for v in variants:
-        (e,) = v.edits
-        k = e.layer
-        run = _passes(model, chunk, v.edits, part)
-        total = r.centred_logit(run, targets) - base
-        write = [r(run["stream"][j + 1] - run["stream"][j]
-                   - (clean["stream"][j + 1] - clean["stream"][j])) for j in range(n)]
-        direct = write[k] if part == "block" else r(run["half"][k] - clean["half"][k])
-        down = torch.full((n, len(rows)), float("nan"), dtype=torch.float64)
-        for j in range(k + 1, n):
-            down[j] = write[j]
-        if part != "block":
-            down[k] = write[k] - direct  # the other half of block k reacting
-        own = (run["normed"][rows] * r.u).sum(-1)  # u . LN'(h') with the variant's own scale
-        frozen = r(run["stream"][-1]) + r.bias  # u . LN_c(h'): the clean run's scale
-        out.append({"total": total, "direct": direct, "downstream": down,
-                    "final_norm": own - frozen, "position": rows + w.begin,
-                    "target": targets})
-    return out
+    def final(self, x: torch.Tensor) -> torch.Tensor:
+        """u . (LN'(h') - beta) (n,) for a final residual x (T, d_model): its own scale."""
+        normed = self.model.ln_final(x[None, self.rows])[0].double()  # (n, d_model)
+        if self.beta is not None:
+            normed = normed - self.beta
+        return (normed * self.u).sum(-1)
 
 
-def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSettings()
-              ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def terms(clean: dict, got: dict, k: int, part: str, n: int) -> dict:
+    """One removal's per-token terms (n_scored,) from the reads of the clean run and of the
+    variant (`streams.reads`): total, direct, downstream (n_layers, n_scored; NaN before
+    the removed layer), final_norm."""
+    write = [(got["stream"][j + 1] - got["stream"][j])
+             - (clean["stream"][j + 1] - clean["stream"][j]) for j in range(n)]
+    direct = got["change"]  # the removed component's own write, changed
+    down = torch.full((n, len(direct)), float("nan"), dtype=torch.float64)
+    for j in range(k + 1, n):
+        down[j] = write[j]
+    if part != "block":
+        down[k] = write[k] - direct  # the other half of block k reacting
+    return {"total": got["logit"] - clean["logit"], "direct": direct, "downstream": down,
+            "final_norm": got["final"] - got["stream"][n]}  # own scale - the clean scale
+
+
+def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSettings(),
+              cleans: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per removed component: `component, layer, part, total, direct, downstream,
     final_norm, self_repair, downstream_<j>`; one row per scored token and component).
+    `variants[d]`: document d's removals; `cleans`: the one document's clean passes per
+    window, if at hand. attrs["engine"]: how the reads ran (any fallback).
     Raises where the split is not exact: a final-logit softcap, or a remainder."""
     lay = layout(model)
     if lay.softcap is not None:
         raise BlockscopeError(f"{lay.family} softcaps its final logits (tanh), which is not "
                               "linear: the logit does not split into the writes; refusing")
     n = model.cfg.n_layers
-    per_token = []
+    per_token, hows = [], []
     for d, ids in enumerate(docs.ids):
-        for w in model_windows(model, ids, settings.stride):
-            chunk = ids[:, w.begin : w.end]
-            for v, t in zip(variants[d], window_terms(model, chunk, w, variants[d], part),
-                            strict=True):
+        for wi, w in enumerate(model_windows(model, ids, settings.stride)):
+            clean, got, how = streams.reads(
+                model, ids, w, variants[d], functools.partial(Readout, model),
+                engine_name=settings.engine, batch_size=settings.batch_size,
+                clean=cleans[wi] if cleans is not None else None)
+            hows.append(how)
+            position = np.arange(w.offset, w.end - w.begin) + w.begin
+            target = ids[0, w.begin + w.offset : w.end].cpu().numpy()
+            for v, g in zip(variants[d], got, strict=True):
+                t = terms(clean, g, v.edits[0].layer, part, n)
                 frame = pd.DataFrame({"layer": v.label["layer"], "document": d,
-                                      "position": t["position"].numpy(),
-                                      "target": t["target"].cpu().numpy(),
-                                      "total": t["total"].numpy(), "direct": t["direct"].numpy(),
-                                      "final_norm": t["final_norm"].numpy()})
+                                      "position": position, "target": target,
+                                      "total": t["total"].cpu().numpy(),
+                                      "direct": t["direct"].cpu().numpy(),
+                                      "final_norm": t["final_norm"].cpu().numpy()})
                 for j in range(n):
-                    frame[f"downstream_{j}"] = t["downstream"][j].numpy()
+                    frame[f"downstream_{j}"] = t["downstream"][j].cpu().numpy()
                 per_token.append(frame)
             if settings.progress:
                 settings.progress()
@@ -181,6 +164,9 @@ def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSe
     means.insert(2, "part", part)
     means.insert(7, "self_repair", (means["direct"] - means["total"]) / means["direct"])
     means.attrs["n_scored"] = int(len(tokens) // max(1, len(means)))
+    fallbacks = sorted({h["fallback"] for h in hows if "fallback" in h})
+    means.attrs["engine"] = {"engine": "+".join(sorted({h["engine"] for h in hows})),
+                             **({"fallback": "; ".join(fallbacks)} if fallbacks else {})}
     return means, tokens
 
 

@@ -36,8 +36,9 @@ import torch
 
 from blockscope.inputs.text import Window
 from blockscope.interventions import Hook, applied
-from blockscope.sweeps import replay, steps, unembed
+from blockscope.sweeps import replay, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
+from blockscope.sweeps.metrics import NllKl
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
 # attention scores + pattern + softmax scratch (3 n_heads T), MLP hidden x2, q/k/v/z.
@@ -66,13 +67,18 @@ class Start:
     with_plain: bool = False  # `resid(clean, plain)` runs blocks itself (a rearrangement)
 
 
-def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | None = None
-              ) -> list[torch.Tensor]:
-    """Score rows (2, n_scored) (NLL; KL from the clean distribution) for variants
-    entering the stack at `(layer, mid, x[, skips])`: block `layer` (its MLP half if
-    `mid`) with residual x (1, T, d_model), then skipping the blocks in `skips` (layer ->
-    SkipBlock). They run as one batch that grows block by block
-    as variants join it, then the final norm and unembedding."""
+def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | None = None,
+              metric=None, watch: Callable | None = None) -> list:
+    """Score rows for variants entering the stack at `(layer, mid, x[, skips])`: block
+    `layer` (its MLP half if `mid`) with residual x (1, T, d_model), then skipping the
+    blocks in `skips` (layer -> SkipBlock). They run as one batch that grows block by block
+    as variants join it, then the metric reads the final residual.
+
+    metric: a `metrics` class, read off the final residuals x (B, T, d_model) by its
+    `from_final` (default `NllKl`: per scored token, the NLL and the KL from the clean
+    distribution).
+    watch(j, x, order): called with every block's output, x (B, T, d_model) = what block
+    j+1 receives, row r being entry order[r]."""
     order = []  # the entry of each row of x, in row order
     skips = [e[3] if len(e) > 3 else {} for e in entries]
 
@@ -95,6 +101,8 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | 
                     x = join(None if x is None else replay.attn_half(p, x, ctx), True, j)
                     x = None if x is None else replay.mlp_half(p, x)
                 x = _rejoin(x, order, held)
+                if watch is not None and x is not None:
+                    watch(j, x, order)
                 continue
             if x is not None:
                 x = steps.block_step(model, clean, j, x, None)
@@ -103,13 +111,13 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | 
                 m = steps.mlp_step(model, lay, j, m, None)
                 x = m if x is None else torch.cat([x, m])
             x = _rejoin(x, order, held)
+            if watch is not None and x is not None:
+                watch(j, x, order)
         x = join(x, False, len(model.blocks))
-        ref = clean.reference(model, lay.softcap)
-        nll = unembed.final_nll(model, x, clean.chunk, clean.window, lay.softcap, ref)
-        nll, kl = nll if ref is not None else (nll, torch.full_like(nll, float("nan")))
+        scored = (metric or NllKl(clean, lay.softcap)).from_final(model, x)
     rows: list = [None] * len(entries)
-    for i, row, div in zip(order, nll, kl, strict=True):  # (n,) each
-        rows[i] = torch.stack([row, div]).double().cpu()
+    for i, row in zip(order, scored, strict=True):
+        rows[i] = row
     return rows
 
 

@@ -1,11 +1,15 @@
-"""What a sweep measures of each run: a metric is a class read from the final position's
-logits, one value per batch row (float64).
+"""What a sweep measures of each run: a metric is a class, read off the runs' final
+residuals (`from_final(model, x)`, x (B, T, d_model): one value, or one row, per batch row).
 
-- `TargetLogProb`: log P(target), the patching metric without a contrast;
+- `NllKl`: per scored token of a window, the NLL and the KL from the clean distribution
+  (the removal sweeps: ablate, prune-heads, prune-blocks, rearrange);
+- `TargetLogProb`: log P(target) at the last position, the patching metric without a
+  contrast;
 - `TargetProb`: P(target), ROME's and Geva et al.'s;
 - `LogitDiff`: logit(target) - logit(contrast), the IOI-style patching metric.
 
-A new metric is one class with `name` and `__call__(logits)`.
+The last three are read from the last position's logits (`__call__(logits)`), which the
+naive loop takes from the model's own forward. A new metric is one class.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from blockscope.sweeps import unembed
+from blockscope.sweeps.clean import Clean
 
 
 def log_prob(logits: torch.Tensor, target: int) -> torch.Tensor:
@@ -23,8 +30,34 @@ def log_prob(logits: torch.Tensor, target: int) -> torch.Tensor:
     return logits[:, target].double() - lse
 
 
+@dataclass(frozen=True, eq=False)
+class NllKl:
+    """Per scored token of the clean pass's window, the NLL and the KL divergence from the
+    clean distribution (NaN where the unembedding is hooked), through the final norm and
+    the blocked unembedding (`unembed.final_nll`): (B, 2, n_scored) float64 on the CPU."""
+
+    clean: Clean
+    softcap: float | None = None
+    name = "nll_kl"
+
+    def from_final(self, model, x: torch.Tensor) -> torch.Tensor:
+        ref = self.clean.reference(model, self.softcap)
+        nll = unembed.final_nll(model, x, self.clean.chunk, self.clean.window, self.softcap,
+                                ref)
+        nll, kl = nll if ref is not None else (nll, torch.full_like(nll, float("nan")))
+        return torch.stack([nll, kl], 1).double().cpu()
+
+
+class LastLogits:
+    """A metric of the last position's logits: read off final residuals through the final
+    norm and unembedding."""
+
+    def from_final(self, model, x: torch.Tensor) -> torch.Tensor:
+        return self(model.unembed(model.ln_final(x[:, -1:]))[:, 0].float())
+
+
 @dataclass(frozen=True)
-class TargetLogProb:
+class TargetLogProb(LastLogits):
     target: int
     name = "log_prob"
 
@@ -34,7 +67,7 @@ class TargetLogProb:
 
 
 @dataclass(frozen=True)
-class TargetProb:
+class TargetProb(LastLogits):
     target: int
     name = "p_target"
 
@@ -44,7 +77,7 @@ class TargetProb:
 
 
 @dataclass(frozen=True)
-class LogitDiff:
+class LogitDiff(LastLogits):
     target: int
     contrast: int
     name = "logit_diff"
