@@ -108,20 +108,6 @@ def test_every_term_equals_hf(pair, alice_text, part):
             row["total"], abs=1e-5)
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "gemma", "olmo2", "phi"])
-def test_the_split_is_exact_on_other_layouts(family, tmp_path, alice_text):
-    """Parallel blocks, a norm weight stored as an offset from 1, post-sublayer norms, a
-    LayerNorm with partial rotary: the run-time check (a remainder is an error) passes."""
-    model = load_model(spec_for(str(save_checkpoint(family, tmp_path / family)), device="cpu"))
-    ids = model.tokenizer(alice_text, return_tensors="pt").input_ids[:, :T]
-    for part in ("block", "attn"):
-        df, tokens = decomposed(model, ids, part=part, method="mean")
-        assert len(df) == model.cfg.n_layers and len(tokens) == model.cfg.n_layers * (T - 1)
-        left = df["direct"] + df["downstream"] + df["final_norm"] - df["total"]
-        assert left.abs().max() < 1e-4
-        assert "fallback" not in df.attrs["engine"], df.attrs["engine"]
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
 def test_cached_reads_equal_the_naive_loop_and_a_slip_falls_back(family, tmp_path,
                                                                  alice_text, monkeypatch):
@@ -144,21 +130,16 @@ def test_cached_reads_equal_the_naive_loop_and_a_slip_falls_back(family, tmp_pat
     honest = decomposed(model, ids, part="mlp")[0]
     assert honest.attrs["engine"] == {"engine": "cached"}
     original = streams.start
-    monkeypatch.setattr(streams, "start", lambda *a: replace(
-        original(*a), resid=lambda c, s=original(*a): 1.01 * s.resid(c)))
+
+    def slipped_start(*a):
+        s = original(*a)
+        return replace(s, resid=lambda c: 1.01 * s.resid(c))
+
+    monkeypatch.setattr(streams, "start", slipped_start)
     slipped = decomposed(model, ids, part="mlp")[0]
     assert slipped.attrs["engine"]["engine"] == "naive"
     assert "self-check failed" in slipped.attrs["engine"]["fallback"]
     assert (slipped[cols] - honest[cols]).abs().max().max() < 1e-5
-
-
-def test_a_softcapped_model_is_refused(tmp_path, alice_text):
-    from blockscope.errors import BlockscopeError
-
-    model = load_model(spec_for(str(save_checkpoint("gemma2", tmp_path / "g2")), device="cpu"))
-    ids = model.tokenizer(alice_text, return_tensors="pt").input_ids[:, :T]
-    with pytest.raises(BlockscopeError, match="softcaps its final logits"):
-        decomposed(model, ids)
 
 
 def test_the_command_writes_the_split_and_refuses_per_token_alone(tiny_dir, tmp_path):

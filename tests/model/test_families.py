@@ -265,3 +265,31 @@ def test_logit_lens_and_attribution_on_every_family(fam):
 
 
 REFUSED_ATTRIBUTION: set[str] = set()  # none today: every family's writes sum to its stream
+
+
+def test_the_decomposition_adds_up_with_both_engines(fam):
+    """ablate --decompose on every family: direct + downstream + final norm = total with
+    either engine (the run-time check raises otherwise), the two engines agree per token,
+    and the cached engine runs without falling back; a final-logit softcap is refused."""
+    from blockscope.errors import BlockscopeError
+    from blockscope.experiments.ablate import decomposed
+    from blockscope.model.arch import layout
+    from blockscope.sweeps.settings import RunSettings
+
+    _, model, _, ids = fam
+    ids = ids[:, :24]
+    if layout(model).softcap is not None:
+        with pytest.raises(BlockscopeError, match="softcaps its final logits"):
+            decomposed(model, ids)
+        return
+    cols = ["total", "direct", "downstream", "final_norm"]
+    for part in ("block", "attn"):
+        runs = {e: decomposed(model, ids, part=part, method="mean",
+                              settings=RunSettings(engine=e)) for e in ("cached", "naive")}
+        for df, _ in runs.values():
+            left = df["direct"] + df["downstream"] + df["final_norm"] - df["total"]
+            assert left.abs().max() < 1e-4
+        how = runs["cached"][0].attrs["engine"]  # BLOOM's and OPT's halves have no entry
+        assert "fallback" not in how and ("why_naive" in how) == (how["engine"] == "naive")
+        a, b = runs["cached"][1][cols], runs["naive"][1][cols]
+        assert (a - b).abs().max().max() < 1e-4 * max(1.0, float(b.abs().max().max()))

@@ -164,9 +164,11 @@ def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSe
     means.insert(2, "part", part)
     means.insert(7, "self_repair", (means["direct"] - means["total"]) / means["direct"])
     means.attrs["n_scored"] = int(len(tokens) // max(1, len(means)))
-    fallbacks = sorted({h["fallback"] for h in hows if "fallback" in h})
-    means.attrs["engine"] = {"engine": "+".join(sorted({h["engine"] for h in hows})),
-                             **({"fallback": "; ".join(fallbacks)} if fallbacks else {})}
+    means.attrs["engine"] = {"engine": "+".join(sorted({h["engine"] for h in hows}))}
+    for key in ("why_naive", "fallback"):
+        said = sorted({h[key] for h in hows if key in h})
+        if said:
+            means.attrs["engine"][key] = "; ".join(said)
     return means, tokens
 
 

@@ -71,8 +71,7 @@ def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
         why, got = _cached(model, ids, w, chunk, targets, variants, made, clean, batch_size)
         if got is not None:
             return (*got, {"engine": "cached"})
-        return (*_naive(model, chunk, targets, variants, made),
-                {"engine": "naive", "fallback": why})
+        return (*_naive(model, chunk, targets, variants, made), {"engine": "naive", **why})
     return (*_naive(model, chunk, targets, variants, made), {"engine": "naive"})
 
 
@@ -137,15 +136,15 @@ def _read(r: Reader, run: dict, targets) -> dict:
 
 
 def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size):
-    """(why not, None) where the engine cannot run them or fails its self-check, else
-    (None, reads)."""
+    """({"why_naive": ...}, None) where the engine has no entry for them, ({"fallback":
+    ...}, None) where it fails its self-check, else (None, reads)."""
     lay = arch.layout(model)
     n = model.cfg.n_layers
     starts = [start(model, lay, v) for v in variants]
     if any(s.hooks or s.skips or s.base or s.kind not in KINDS for s in starts):
-        return ("the cached engine has no entry for these removals here (a hook sits in a "
-                "block, or the layout has no entry point); every variant was run by the "
-                "naive loop"), None
+        return {"why_naive": "the cached engine has no entry for these removals here (a "
+                "hook sits in a block, or the layout's half writes cannot be entered); every "
+                "variant was run by the naive loop"}, None
     sites = sorted({_site(v.edits[0]) for v in variants} - {None})
     if clean is None or any(name not in clean.acts for name in sites):
         clean = clean_pass(model, ids, w, {*kept_names(lay, n, z=False), *sites})
@@ -219,6 +218,6 @@ class Readings:
         return [{"final": f, "logit": f + self.r.offset} for f in finals]
 
 
-def _fallback(why: str) -> str:
-    return (f"the cached engine's self-check failed: {why}; every variant was run by the "
-            "naive loop")
+def _fallback(why: str) -> dict:
+    return {"fallback": f"the cached engine's self-check failed: {why}; every variant was "
+            "run by the naive loop"}
