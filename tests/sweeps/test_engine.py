@@ -51,8 +51,13 @@ def same(a, b):
                                                  abs=REL * float(a["nll"].iloc[0]))
 
 
-@pytest.mark.parametrize("part", ["block", "attn", "mlp"])
-@pytest.mark.parametrize("method, batch_size", [("zero", None), ("mean", 1)])  # None: one batch
+# None: one batch. The short text takes every part with every method; over windows each
+# part takes one method, the methods taking turns (the windows' arithmetic is the same).
+@pytest.mark.parametrize("ids, part, method, batch_size", [
+    *[("short", part, *m) for part in ("block", "attn", "mlp")
+      for m in (("zero", None), ("mean", 1))],
+    ("windows", "block", "mean", 1), ("windows", "attn", "zero", None),
+    ("windows", "mlp", "mean", 1)], indirect=["ids"])
 def test_block_sweep_equals_naive(tiny, ids, part, method, batch_size, naive_of):
     naive = naive_of(("blocks", ids.shape[-1], part, method), lambda: block_ablation(
         tiny, ids, part=part, method=method, settings=RunSettings(stride=100, engine="naive")))
