@@ -34,8 +34,9 @@ def test_no_experiment_takes_the_settings_as_loose_parameters():
     import blockscope.experiments as pkg
     from blockscope.sweeps import interchange, scoring
 
-    modules = [importlib.import_module(f"{pkg.__name__}.{m.name}")
-               for m in pkgutil.walk_packages(pkg.__path__) if not m.ispkg]
+    modules = [importlib.import_module(m.name)
+               for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.") if not m.ispkg]
+    assert "blockscope.experiments.reproduce.figures" in {m.__name__ for m in modules}
     loose = []
     for module in [*modules, scoring, interchange]:
         for name, fn in vars(module).items():
