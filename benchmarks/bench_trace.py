@@ -3,7 +3,7 @@ cached engine against the naive loop (a full forward per restored state, batched
 noise samples, as ROME's `trace_with_patch`), and set both beside the time of the exact work
 the sweep needs, priced at rates measured in the same run.
 
-    python benchmarks/bench_trace.py [--model smollm2-135m] [--facts 1] [--samples 10]
+    python benchmarks/bench_trace.py [--model smollm2-135m] [--facts 1] [--length 10] [--samples 10]
 
 The exact work: for each variant and sample, every block from the first one it changes at
 the positions from the first one it changes (attention over the causal keys only), and the
@@ -26,9 +26,10 @@ import torch  # noqa: E402
 
 from blockscope.experiments import facts as fx  # noqa: E402
 from blockscope.experiments import trace  # noqa: E402
+from blockscope.inputs.text import tokenize  # noqa: E402
 from blockscope.model.loading import load_model, spec_for  # noqa: E402
 from blockscope.sweeps import resume  # noqa: E402
-from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.settings import RunSettings  # noqa: E402
 
 
 def rate(m: int, k: int, n: int, reps: int = 20) -> float:
@@ -88,11 +89,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--facts", type=int, default=1, help="the first N built-in facts")
+    ap.add_argument("--length", type=int, default=None,
+                    help="only facts of this many tokens (BOS included)")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--naive", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     model = load_model(spec_for(args.model, device="cpu"))
-    items = fx.prepared(model, fx.read_facts(fx.BUILTIN)[: args.facts], True)
+    facts = fx.read_facts(fx.BUILTIN)
+    if args.length is not None:
+        facts = [f for f in facts if len(tokenize(model.tokenizer, f.prompt,
+                                                  prepend_bos=True)[0]) == args.length]
+    items = fx.prepared(model, facts[: args.facts], True)
     totals = {"cached": 0.0, "naive": 0.0, "bound": 0.0, "work": 0, "naive_work": 0}
     for it in items:
         T = it["tokens"].shape[-1]
