@@ -400,27 +400,6 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
     assert column.render(Task(3, 104.0)).plain == "0:00:14"  # 2 s a step, 7 steps left
 
 
-def test_reproduce_says_each_experiment_with_its_progress(tiny_dir, tmp_path):
-    """reproduce ran 16 minutes after one line: now one line per experiment, a bar (plain
-    lines when piped) inside each, and what is loading from the first second."""
-    from ..builders import tiny_reference
-
-    res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
-                                   str(tiny_reference(tmp_path)), "--no-norm-placement",
-                                   "--out-dir", str(tmp_path / "out")])
-    assert res.exit_code == 0, res.output
-    lines = res.stderr.splitlines()
-    stages = [line for line in lines if line.startswith("[")]
-    assert stages == ["[1/5] ablation: skipping each block, and each removal's split",
-                      "[2/5] residual norms: BOS x raw/processed weights",
-                      "[3/5] pruning heads (gradient order)",
-                      "[4/5] head roles: previous-token, duplicate-token, induction",
-                      "[5/5] the MLP section: lens, attribution, neurons and their keys, "
-                      "causal trace"]
-    assert any(line.startswith("pruning heads (gradient order): ") and "left" in line
-               for line in lines)
-
-
 def test_a_piped_run_says_a_long_step_and_keeps_a_quick_refusal_one_line(monkeypatch):
     """Piped, a spinner shows nothing: a step still running after LATE_S is said on one
     plain line; one that ends sooner (a bad input refused at once) adds no line."""

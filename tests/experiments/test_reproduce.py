@@ -61,6 +61,19 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     res = CliRunner().invoke(app, ["reproduce", "--model", str(tiny_dir), "--reference",
                                    str(ref), "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
+    # one line per experiment (reproduce once ran 16 minutes after one line), a bar inside
+    lines = res.stderr.splitlines()
+    stages = [line for line in lines if line.startswith("[")]
+    assert [s[: len(f"[{i}/6]")] for i, s in enumerate(stages, 1)] == [
+        f"[{i}/6]" for i in range(1, 7)]
+    said = [s.split("] ", 1)[1] for s in stages]
+    five = ["ablation: skipping each block, and each removal's split",
+            "residual norms: BOS x raw/processed weights", "pruning heads (gradient order)",
+            "head roles: previous-token, duplicate-token, induction",
+            "the MLP section: lens, attribution, neurons and their keys, causal trace"]
+    assert [s for s in said if s in five] == five
+    assert any(line.startswith("pruning heads (gradient order): ") and "left" in line
+               for line in lines)
     table = pd.read_csv(result(out, "reproduce-tiny-gpt2.csv"))
     status = dict(zip(table["figure"] + "|" + table["variant"].fillna(""), table["status"],
                       strict=True))
