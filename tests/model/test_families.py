@@ -59,6 +59,16 @@ def hf_nll(hf, ids, hooks=()) -> float:
             h.remove()
 
 
+_MEANS: dict = {}  # family -> hf_means, shared by the tests of one family
+
+
+def family_means(fam) -> dict:
+    family, model, hf, ids = fam
+    if family not in _MEANS:
+        _MEANS[family] = hf_means(hf, ids, family, model.cfg.d_head)
+    return _MEANS[family]
+
+
 def hf_means(hf, ids, family, d_head) -> dict:
     """Clean means over positions: each block's contribution, each write, each head's z."""
     out, hooks = {}, []
@@ -112,7 +122,7 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
     part per family, the part taking turns down the sorted families."""
     family, model, hf, ids = fam
     n_scored = ids.shape[-1] - 1
-    means = hf_means(hf, ids, family, model.cfg.d_head)
+    means = family_means(fam)
     baseline = hf_nll(hf, ids)
     mean_part = ("block", "attn", "mlp")[sorted(FAMILY_CONFIGS).index(family) % 3]
     for part in ("block", "attn", "mlp"):
@@ -144,7 +154,7 @@ def test_baseline_and_every_part_and_method_match_the_reference(fam):
 
 def test_single_heads_match_the_reference(fam):
     family, model, hf, ids = fam
-    means = hf_means(hf, ids, family, model.cfg.d_head)
+    means = family_means(fam)
     layer = model.cfg.n_layers - 2  # one layer with a later block: a full replay after it
     heads = sorted({0, model.cfg.n_heads - 1})  # the first and the last head
     for method in ("zero", "mean"):
@@ -161,7 +171,8 @@ def test_single_heads_match_the_reference(fam):
 
 def test_pruning_curve_engine_equals_naive(fam):
     _, model, _, ids = fam
-    naive, fast = (pruning_curve(model, ids, order="random", step=0.5,
+    half = model.cfg.n_layers * model.cfg.n_heads // 2  # two steps: half the heads, then all
+    naive, fast = (pruning_curve(model, ids, order="random", step=half,
                                  settings=RunSettings(engine=e, seed=1))
                    for e in ("naive", "cached"))
     assert naive["heads_removed"].equals(fast["heads_removed"])
