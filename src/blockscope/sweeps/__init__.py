@@ -1,9 +1,10 @@
-"""Sweeps of variants: `prepare` the clean passes once, `run` or `scores` the variants (the
-naive loop, or the cached engine from where each departs, self-checked), and the head
-mask's `gradient`. The engine's parts (clean, engine, steps, replay, replay_rotary,
-selfcheck, unembed) are private to this package."""
+"""Sweeps of variants, run as one `RunSettings` says: `prepare` the clean passes once,
+`run` or `scores` the variants (the naive loop, or the cached engine from where each
+departs, self-checked), and the head mask's `gradient`. The engine's parts (clean, engine,
+steps, replay, replay_rotary, selfcheck, unembed, streams) are private to this package."""
 
 from blockscope.sweeps.scoring import Prepared, Scores, prepare, run, scores
+from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
-__all__ = ["Prepared", "Scores", "Variant", "prepare", "run", "scores"]
+__all__ = ["Prepared", "RunSettings", "Scores", "Variant", "prepare", "run", "scores"]
