@@ -36,7 +36,7 @@ import torch
 
 from blockscope.inputs.text import Window
 from blockscope.interventions import Hook, applied
-from blockscope.sweeps import replay, steps
+from blockscope.sweeps import loop, replay, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
 from blockscope.sweeps.metrics import NllKl
 
@@ -71,49 +71,36 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | 
               metric=None, watch: Callable | None = None) -> list:
     """Score rows for variants entering the stack at `(layer, mid, x[, skips])`: block
     `layer` (its MLP half if `mid`) with residual x (1, T, d_model), then skipping the
-    blocks in `skips` (layer -> SkipBlock). They run as one batch that grows block by block
-    as variants join it, then the metric reads the final residual.
+    blocks in `skips` (layer -> SkipBlock). They run through the one resume loop
+    (`loop.resume`) as one batch that grows block by block as variants join it, then the
+    metric reads the final residuals.
 
     metric: a `metrics` class, read off the final residuals x (B, T, d_model) by its
     `from_final` (default `NllKl`: per scored token, the NLL and the KL from the clean
     distribution).
     watch(j, x, order): called with every block's output, x (B, T, d_model) = what block
     j+1 receives, row r being entry order[r]."""
-    order = []  # the entry of each row of x, in row order
     skips = [e[3] if len(e) > 3 else {} for e in entries]
 
-    def join(x, mid, j):
+    def entering(j, mid, keys):
         idx = [i for i, e in enumerate(entries) if (e[0], e[1]) == (j, mid)]
-        order.extend(idx)
-        new = [entries[i][2] for i in idx]
-        return x if not new else torch.cat(([] if x is None else [x]) + new)  # (B, T, d)
+        return (idx, torch.cat([entries[i][2] for i in idx])) if idx else None
 
-    x = None
+    def step(j, x, keys, mid):
+        if plain is not None and not replay.hooked(model.blocks[j]):
+            p, ctx = plain[j], clean.block_args[j]
+            if p.parallel:  # no mid point: nothing joins there
+                return None if x is None else replay.block_forward(p, x, ctx)
+            x = _cat(None if x is None else replay.attn_half(p, x, ctx), mid())
+            return None if x is None else replay.mlp_half(p, x)
+        if x is not None:
+            x = steps.block_step(model, clean, j, x, None)
+        m = mid()  # entering after attention: the MLP half only
+        return _cat(x, None if m is None else steps.mlp_step(model, lay, j, m, None))
+
     with steps.fused_gelu(model):
-        for j in range(min(e[0] for e in entries), len(model.blocks)):
-            x = join(x, False, j)
-            x, held = _hold(x, order, skips, j)  # rows that skip block j sit it out
-            if plain is not None and not replay.hooked(model.blocks[j]):
-                p, ctx = plain[j], clean.block_args[j]
-                if p.parallel:  # no mid point: nothing joins there
-                    x = None if x is None else replay.block_forward(p, x, ctx)
-                else:
-                    x = join(None if x is None else replay.attn_half(p, x, ctx), True, j)
-                    x = None if x is None else replay.mlp_half(p, x)
-                x = _rejoin(x, order, held)
-                if watch is not None and x is not None:
-                    watch(j, x, order)
-                continue
-            if x is not None:
-                x = steps.block_step(model, clean, j, x, None)
-            m = join(None, True, j)  # entering after attention: the MLP half only
-            if m is not None:
-                m = steps.mlp_step(model, lay, j, m, None)
-                x = m if x is None else torch.cat([x, m])
-            x = _rejoin(x, order, held)
-            if watch is not None and x is not None:
-                watch(j, x, order)
-        x = join(x, False, len(model.blocks))
+        x, order = loop.resume(len(model.blocks), min(e[0] for e in entries), entering, step,
+                               skipping=lambda i, j: skips[i].get(j), watch=watch)
         scored = (metric or NllKl(clean, lay.softcap)).from_final(model, x)
     rows: list = [None] * len(entries)
     for i, row in zip(order, scored, strict=True):
@@ -121,24 +108,9 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | 
     return rows
 
 
-def _hold(x, order: list, skips: list[dict], j: int):
-    """Take out of the batch x the rows whose variant skips block j: (the rest, the held
-    rows as [(entry, its output: SkipBlock.apply of what it received)]). `order` follows."""
-    if x is None or not any(j in skips[i] for i in order):
-        return x, []
-    out = [r for r, i in enumerate(order) if j in skips[i]]
-    held = [(order[r], skips[order[r]][j].apply(x[r : r + 1], x[r : r + 1])) for r in out]
-    rest = [r for r in range(len(order)) if j not in skips[order[r]]]
-    order[:] = [order[r] for r in rest]
-    return (x[rest] if rest else None), held
-
-
-def _rejoin(x, order: list, held: list):
-    """The batch after block j with the rows that skipped it put back (at the end)."""
-    if not held:
-        return x
-    order.extend(i for i, _ in held)
-    return torch.cat(([] if x is None else [x]) + [h for _, h in held])
+def _cat(x, new):
+    """The batch x with the rows `new` at its end (either may be None)."""
+    return new if x is None else x if new is None else torch.cat([x, new])
 
 
 CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchmarks/)
@@ -227,12 +199,17 @@ def pruned(model, clean: Clean, base: tuple, plain) -> Clean:
         return held[2]
     skip = {e.layer: e for e in base}
     lo = min(skip)
-    pre, x = list(clean.pre), clean.pre[lo]
-    with torch.inference_mode(), steps.fused_gelu(model):
-        for j in range(lo, len(model.blocks)):
-            pre[j] = x
-            x = skip[j].apply(x, x) if j in skip else steps.block_step(model, clean, j, x, plain)
-    pre[-1] = x
+    pre = list(clean.pre)
+
+    def keep(j, x, keys):  # what block j+1 receives
+        pre[j + 1] = x
+
+    with torch.inference_mode(), steps.fused_gelu(model):  # one row, through the one loop
+        loop.resume(len(model.blocks), lo,
+                    lambda j, mid, keys: ([0], clean.pre[lo]) if (j, mid) == (lo, False) else None,
+                    lambda j, x, keys, mid: None if x is None else steps.block_step(
+                        model, clean, j, x, plain),
+                    skipping=lambda k, j: skip.get(j), watch=keep)
     view = dataclasses.replace(clean, pre=pre, raw={}, checked={}, views={})
     clean.views["pruned"] = (base, plain is not None, view)
     return view

@@ -4,7 +4,8 @@ A variant whose edits start at block l (its `stage`: a block's output is the nex
 input) and position p runs blocks l.. at positions p.. only, in plain torch calls
 (`replay`, `replay_rotary`), attending to the base run's own keys and values at the
 positions before p (the model is causal: nothing there changed). Variants of one start
-position share a batch that grows block by block as they join it.
+position share a batch that grows block by block as they join it, through the one resume
+loop (`loop.resume`) that the removal sweeps run through too.
 
 Before any variant counts, the base run is replayed from the embeddings and held to the
 bridge's pass, and the first variant of each kind to the naive loop; a mismatch beyond
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from blockscope.sweeps import engine, replay, selfcheck, steps
+from blockscope.sweeps import engine, loop, replay, selfcheck, steps
 from blockscope.sweeps.variant import Variant
 
 INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
@@ -138,48 +139,59 @@ class Resume:
 
     def replayed(self) -> torch.Tensor:
         """The base run replayed from the embeddings: its final residual (S, T, d_model)."""
-        x = self.kept.pre[0].clone()
-        rows = [(s, s) for s in range(self.samples)]
+        def entering(j, mid, keys):
+            if (j, mid) != (0, False):
+                return None
+            return [(s, s) for s in range(self.samples)], self.kept.pre[0].clone()
+
         def unchanged(point, act):
             return act
 
         unchanged.knocks = lambda j: False
-        for j in range(len(self.plain)):
-            x = self.block(j, x, 0, rows, unchanged)
+        x, _ = loop.resume(len(self.plain), 0, entering,
+                           lambda j, x, keys, mid: self.block(j, x, 0, keys, unchanged))
         return x
 
     def run(self, variants: Sequence[Variant]) -> list[torch.Tensor]:
-        """The last position's logits (S, d_vocab) of each variant (one start position)."""
+        """The last position's logits (S, d_vocab) of each variant (one start position),
+        through the one resume loop (`loop.resume`): rows (variant, sample) join at the
+        variant's first changed block, from the base run's input to it at positions start..;
+        its edits are written by the blocks as the stream goes by."""
         start = entry(variants[0])[1]
-        n = len(self.plain)
-        rows: list[tuple[int, int]] = []  # (variant, sample) of each batch row
+        firsts = [entry(v)[0] for v in variants]
         todo: dict = {}  # (block step, point) -> [(edit, [(row, sample)])]
-        x = None
-        entries = [entry(v)[0] for v in variants]
-        for j in range(min(entries), n + 1):
-            joining = [i for i, e in enumerate(entries) if e == j]
+
+        def entering(j, mid, keys):
+            joining = [i for i, e in enumerate(firsts) if e == j and not mid]
+            if not joining:
+                return None
+            new: list = []  # (variant, sample) of each joining row
             for i in joining:
-                mine = [(len(rows) + s, s) for s in range(self.samples)]
-                rows += [(i, s) for s in range(self.samples)]
+                mine = [(len(keys) + len(new) + s, s) for s in range(self.samples)]
+                new += [(i, s) for s in range(self.samples)]
                 for e in variants[i].edits:
                     todo.setdefault((stage(e), e.site.point), []).append((e, mine))
-            if joining:
-                new = self.kept.pre[j][:, start:].repeat(len(joining), 1, 1)  # (k S, Tq, d)
-                x = new if x is None else torch.cat([x, new])
+            return new, self.kept.pre[j][:, start:].repeat(len(joining), 1, 1)  # (k S, Tq, d)
 
-            def edit(point, act, j=j):
+        def edits(j):
+            def edit(point, act):
                 for e, mine in todo.get((j, point), ()):
                     e.write(act, mine, start, self.sources)
                 return act
 
             edit.knocks = lambda j: (j, "attn.hook_attn_scores") in todo
+            return edit
 
-            x = edit("hook_resid_post", x)  # the previous block's output
-            if j < n:
-                x = self.block(j, x, start, rows, edit)
+        def step(j, x, keys, mid):  # nothing enters mid-block: edits say where they write
+            edit = edits(j)
+            return self.block(j, edit("hook_resid_post", x), start, keys, edit)
+
+        n = len(self.plain)
+        x, keys = loop.resume(n, min(firsts), entering, step)
+        x = edits(n)("hook_resid_post", x)  # the last block's output
         final = x[:, -1:]  # (B, 1, d_model): the metric reads the last position
         logits = self.model.unembed(self.model.ln_final(final))[:, 0].float()
-        return [logits[[r for r, (i, _) in enumerate(rows) if i == k]]
+        return [logits[[r for r, (i, _) in enumerate(keys) if i == k]]
                 for k in range(len(variants))]
 
     def block(self, j: int, x: torch.Tensor, start: int, rows, edit) -> torch.Tensor:
