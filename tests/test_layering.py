@@ -11,15 +11,15 @@ import re
 from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src" / "blockscope"
-LAYERS = [  # lowest first: the package root and errors, then each subpackage
-    {"blockscope", "errors", "allocator", "choices"},  # and the process-wide malloc setting
+LAYERS = [  # lowest first: errors and the versions, then each subpackage, the root last
+    {"errors", "allocator", "choices", "versions"},  # and the process-wide malloc setting
     {"inputs"},
     {"model"},
     {"interventions"},
     {"sweeps"},
     {"experiments"},
     {"results"},
-    {"cli", "__main__"},
+    {"cli", "__main__", "blockscope"},  # the package root re-exports the public face
 ]
 
 

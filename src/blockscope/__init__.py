@@ -1,21 +1,3 @@
 """blockscope: a command-line lab for looking inside a Transformer block."""
 
-import platform
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("blockscope")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0+unknown"
-
-
-def versions(packages=("blockscope", "torch", "transformer-lens", "transformers")
-             ) -> dict[str, str]:
-    """Python's version and each installed package's (every sidecar records them)."""
-    out = {"python": platform.python_version()}
-    for pkg in packages:
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
+from blockscope.versions import __version__  # noqa: F401

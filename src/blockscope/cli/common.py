@@ -27,7 +27,7 @@ app = typer.Typer(
 )
 def _print_version(value: bool) -> None:
     if value:
-        from blockscope import __version__
+        from blockscope.versions import __version__
 
         out.print(f"blockscope {__version__}")
         raise typer.Exit()

