@@ -199,7 +199,7 @@ def child_command(argv: list[str]) -> None:
 
     imported = time.perf_counter() - start
     from blockscope import cli
-    from blockscope.cli import common
+    from blockscope.api import common
 
     in_load = []
     real = common.load

@@ -415,7 +415,7 @@ def test_no_overwrite_refuses_before_any_work(run, tiny_dir, tmp_path, monkeypat
     args = ["ablate", "--text", ALICE, "--model", tiny_dir, "--max-tokens", 30, "--no-plot",
             "--out-dir", tmp_path]
     assert run(*args).exit_code == 0
-    from blockscope.cli import common
+    from blockscope.api import common
 
     monkeypatch.setattr(common, "load", lambda *a: pytest.fail("loaded the model"))
     res = run(*args, "--no-overwrite")

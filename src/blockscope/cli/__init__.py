@@ -1,34 +1,10 @@
-"""The `blockscope` command line: one module per command, named as it, on one Typer app.
-
-Each command's options are a dataclass (options, text_options), checked once before anything
-loads; the command loads, calls a pure experiment, renders and writes; nothing else.
-Heavy imports (torch, TransformerLens) happen inside the commands, so `--help` is instant.
-"""
+"""The `blockscope` command line: the commands of `blockscope.api` on one Typer app, and
+bad usage said in one line."""
 
 import sys
 
-from blockscope.cli import (  # noqa: F401  (registers the commands: one module each)
-    ablate,
-    attention,
-    get_model,
-    head_roles,
-    knockout,
-    layernorm,
-    logit_lens,
-    mlp_memory,
-    norm_placement,
-    params,
-    patch,
-    prune_blocks,
-    prune_heads,
-    rearrange,
-    reproduce,
-    resid_norm,
-    shapes,
-    toy_model,
-    trace,
-)
-from blockscope.cli.common import app
+import blockscope.api  # noqa: F401  (registers the commands)
+from blockscope.api.common import app
 
 
 def main() -> None:
@@ -49,7 +25,7 @@ def _run() -> int:
     except ImportError:
         from click.exceptions import UsageError
 
-    from blockscope.cli.common import err
+    from blockscope.api.common import err
 
     try:
         code = app(standalone_mode=False)
@@ -75,7 +51,7 @@ def _negative_numbers_hint(argv: list[str]) -> None:
         bad = next((a for i, a in enumerate(before)
                     if number.fullmatch(a) and before[i - 1] not in valued), None)
         if bad is not None:
-            from blockscope.cli.common import err
+            from blockscope.api.common import err
 
             err.print(f"error: {bad} reads as an option; put -- before the numbers, after "
                       "any options: blockscope layernorm --eps 1e-5 -- -1 0 1",

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
+from blockscope.api.options import BosTokenOpt, Options, at_least, flag, group
 from blockscope.choices import Engine, Method
-from blockscope.cli.options import BosTokenOpt, Options, at_least, flag, group
 from blockscope.errors import BadValue, BlockscopeError
 
 PromptArg = Annotated[str | None, typer.Argument(help="The prompt (or give --text FILE).",

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blockscope.cli.common import checked_load, err, model_record, status
+from blockscope.api.common import checked_load, err, model_record, status
 
 if TYPE_CHECKING:
     from blockscope.sweeps.settings import RunSettings
@@ -178,8 +178,8 @@ class PassageCommand:
         """Write `frames` (`{csv suffix: DataFrame}`) with the sidecar (the common fields:
         `n_scored`, how the sweeps behind the frames `ran`, the KL's meaning, the wall time;
         then `fields`) and, with --plot, `plot()`'s picture."""
-        from blockscope.cli.common import engine_record
-        from blockscope.cli.output import write
+        from blockscope.api.common import engine_record
+        from blockscope.api.output import write
         from blockscope.sweeps import stats
 
         meta = self.run.meta(self.command, n_scored=int(n_scored),

@@ -85,7 +85,7 @@ def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> 
     """Write `{suffix: DataFrame}` as `<stem><suffix>-<digest>.csv`, `<stem>-<digest>.json`
     and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
     say so when files of an earlier run with the same settings were replaced."""
-    from blockscope.cli.console import err, out
+    from blockscope.api.console import err, out
     from blockscope.results.files import write_outputs
 
     out_dir, quiet = Path(o.out.out_dir).expanduser(), o.out.quiet

@@ -9,9 +9,9 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import Options, Output, group
-from blockscope.cli.output import write
+from blockscope.api.common import command, out
+from blockscope.api.options import Options, Output, group
+from blockscope.api.output import write
 
 
 @dataclass

@@ -8,11 +8,11 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Written, flag, group
-from blockscope.cli.output import write
-from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Prompt
+from blockscope.api.common import command, out
+from blockscope.api.options import BosTokenOpt, Load, Options, Written, flag, group
+from blockscope.api.output import write
+from blockscope.api.prompts import prompt_run
+from blockscope.api.text_options import Prompt
 from blockscope.errors import BadValue
 
 ProbeBosOpt = Annotated[

@@ -9,8 +9,8 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, err, load, model_record, out, status, styled
-from blockscope.cli.options import (
+from blockscope.api.common import command, err, load, model_record, out, status, styled
+from blockscope.api.options import (
     DeviceOpt,
     Dtype,
     DtypeOpt,
@@ -20,7 +20,7 @@ from blockscope.cli.options import (
     flag,
     group,
 )
-from blockscope.cli.output import digested, settings_digest, write
+from blockscope.api.output import digested, settings_digest, write
 from blockscope.errors import ModelUnavailable
 from blockscope.results.report import (
     article_header,

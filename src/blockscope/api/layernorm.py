@@ -7,9 +7,9 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import Options, Written, comma_list, group
-from blockscope.cli.output import write
+from blockscope.api.common import command, out
+from blockscope.api.options import Options, Written, comma_list, group
+from blockscope.api.output import write
 
 
 @dataclass

@@ -10,11 +10,11 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, comma_list, flag, group
-from blockscope.cli.output import write
-from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Prompt
+from blockscope.api.common import command, out
+from blockscope.api.options import BosTokenOpt, Load, Options, Output, comma_list, flag, group
+from blockscope.api.output import write
+from blockscope.api.prompts import prompt_run
+from blockscope.api.text_options import Prompt
 from blockscope.errors import BadValue
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
@@ -54,7 +54,7 @@ def attention(o: AttentionOptions) -> None:
 
     Example: blockscope attention "The capital of France is" --layer 5 --head 1,5
     """
-    from blockscope.cli.common import sizes_of
+    from blockscope.api.common import sizes_of
     from blockscope.experiments import attention as experiment
 
     started = time.perf_counter()

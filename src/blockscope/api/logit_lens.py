@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import (
+from blockscope.api.common import command, out
+from blockscope.api.options import (
     BosTokenOpt,
     Load,
     Options,
@@ -20,9 +20,9 @@ from blockscope.cli.options import (
     flag,
     group,
 )
-from blockscope.cli.output import write
-from blockscope.cli.prompts import pick_positions, prompt_run
-from blockscope.cli.text_options import PositionOpt, Prompt
+from blockscope.api.output import write
+from blockscope.api.prompts import pick_positions, prompt_run
+from blockscope.api.text_options import PositionOpt, Prompt
 from blockscope.errors import BadValue
 
 READ_AS = ("the lens reads every point with the model's final norm and unembedding; before "

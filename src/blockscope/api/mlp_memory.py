@@ -9,8 +9,8 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import (
+from blockscope.api.common import command, out
+from blockscope.api.options import (
     BosTokenOpt,
     Load,
     Options,
@@ -20,9 +20,9 @@ from blockscope.cli.options import (
     at_least,
     group,
 )
-from blockscope.cli.output import write
-from blockscope.cli.prompts import pick_positions, prompt_run
-from blockscope.cli.text_options import Dataset, PositionOpt, Prompt
+from blockscope.api.output import write
+from blockscope.api.prompts import pick_positions, prompt_run
+from blockscope.api.text_options import Dataset, PositionOpt, Prompt
 from blockscope.errors import BadValue
 
 KEYS_READ = ("every document's tokens but its first, each position once, ranked by "
@@ -130,7 +130,7 @@ def targets(o: MlpMemory, lm, tokens, pos: int) -> tuple[int, int | None]:
 def read_keys_corpus(source, passage, lm, quiet: bool):
     """The keys' corpus as `corpus.Docs` (the --text `passage`, or the --dataset), read
     with the loaded model's tokenizer."""
-    from blockscope.cli.common import err, status
+    from blockscope.api.common import err, status
     from blockscope.inputs.corpus import load_docs, passage_docs
     from blockscope.inputs.parallel import Comm
 

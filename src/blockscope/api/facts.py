@@ -41,7 +41,7 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
     tokens, span, target, progress)`: the per-fact rows, their averages, and the sidecar's
     record (None on a process that does not write, under torchrun). The facts are read
     before the model loads."""
-    from blockscope.cli.common import checked_load, err
+    from blockscope.api.common import checked_load, err
     from blockscope.errors import BlockscopeError
     from blockscope.experiments import facts as fx
     from blockscope.inputs import parallel
@@ -90,7 +90,7 @@ def answer(lm, tokens, target: str | None) -> int:
 
 def fact_prompt(o):
     """The prompt run, the subject's token span, the target id and its text."""
-    from blockscope.cli.prompts import prompt_run
+    from blockscope.api.prompts import prompt_run
     from blockscope.experiments.trace import subject_span
 
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,

@@ -10,10 +10,10 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, err, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, flag, group
-from blockscope.cli.output import write
-from blockscope.cli.text_options import TextFileOpt
+from blockscope.api.common import command, err, out
+from blockscope.api.options import BosTokenOpt, Load, Options, Output, flag, group
+from blockscope.api.output import write
+from blockscope.api.text_options import TextFileOpt
 from blockscope.errors import BadValue
 
 AttnBosOpt = Annotated[bool, flag(help="Prepend BOS (see --bos-token), as "
@@ -59,7 +59,7 @@ def head_roles(o: HeadRoles) -> None:
     """
     import pandas as pd
 
-    from blockscope.cli.corpus_run import corpus_run
+    from blockscope.api.corpus_run import corpus_run
     from blockscope.experiments import head_roles as experiment
     from blockscope.inputs.corpus import Source
 

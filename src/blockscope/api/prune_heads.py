@@ -7,11 +7,10 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.choices import HeadOrder, Method
-from blockscope.cli.common import command, err, out, status, styled
-from blockscope.cli.corpus_run import passage_command, stability_line, uncertainty_record
-from blockscope.cli.options import Load, Options, Output, comma_list, group
-from blockscope.cli.text_options import (
+from blockscope.api.common import command, err, out, status, styled
+from blockscope.api.corpus_run import passage_command, stability_line, uncertainty_record
+from blockscope.api.options import Load, Options, Output, comma_list, group
+from blockscope.api.text_options import (
     MethodOpt,
     PassageOptions,
     Sweep,
@@ -19,6 +18,7 @@ from blockscope.cli.text_options import (
     check_resample,
     resample_record,
 )
+from blockscope.choices import HeadOrder, Method
 from blockscope.errors import BadValue
 
 

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, flag, group
-from blockscope.cli.output import write
-from blockscope.cli.prompts import prompt_run
-from blockscope.cli.text_options import Dataset, PositionOpt, Prompt, SeedOpt, ShuffleOpt
+from blockscope.api.common import command, out
+from blockscope.api.options import BosTokenOpt, Load, Options, Output, flag, group
+from blockscope.api.output import write
+from blockscope.api.prompts import prompt_run
+from blockscope.api.text_options import Dataset, PositionOpt, Prompt, SeedOpt, ShuffleOpt
 from blockscope.errors import BadValue, BlockscopeError
 
 ProbeBosOpt = Annotated[
@@ -128,7 +128,7 @@ def render_norms(df, title: str, no_mid: str | None, n_layers: int) -> None:
 
 def corpus_norms(o: ResidNorm, started: float) -> None:
     """resid-norm --dataset: the norm's distribution over every token of the corpus."""
-    from blockscope.cli.corpus_run import corpus_run
+    from blockscope.api.corpus_run import corpus_run
     from blockscope.experiments.resid_norm import norm_distribution
     from blockscope.model.arch import layout
     from blockscope.results.render import table

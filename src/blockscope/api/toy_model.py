@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import Options, flag
+from blockscope.api.common import command, out
+from blockscope.api.options import Options, flag
 from blockscope.errors import BlockscopeError
 
 

@@ -9,11 +9,11 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
-from blockscope.cli.output import write
-from blockscope.cli.prompts import two_prompts
-from blockscope.cli.text_options import Sweep
+from blockscope.api.common import command, out
+from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
+from blockscope.api.output import write
+from blockscope.api.prompts import two_prompts
+from blockscope.api.text_options import Sweep
 
 
 @dataclass
@@ -68,7 +68,7 @@ def patch(o: PatchOptions) -> None:
     lm = run.model
     target = target_id(lm.tokenizer, o.target)
     contrast = None if o.contrast is None else target_id(lm.tokenizer, o.contrast, "contrast")
-    from blockscope.cli.common import err
+    from blockscope.api.common import err
 
     with progress_bar(err, 1, "patching", not o.out.quiet) as tick:
         df = experiment.patch(lm, run.tokens, run.other, target=target, contrast=contrast,

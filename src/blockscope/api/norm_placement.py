@@ -10,10 +10,10 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, err, out, status
-from blockscope.cli.options import Options, Output, at_least, comma_list, flag, group
-from blockscope.cli.output import write
-from blockscope.cli.text_options import TextFileOpt
+from blockscope.api.common import command, err, out, status
+from blockscope.api.options import Options, Output, at_least, comma_list, flag, group
+from blockscope.api.output import write
+from blockscope.api.text_options import TextFileOpt
 from blockscope.errors import BlockscopeError
 
 

@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.cli.common import command, out
-from blockscope.cli.facts import (
+from blockscope.api.common import command, out
+from blockscope.api.facts import (
     AllFactsOpt,
     FactsOpt,
     FactTargetOpt,
@@ -18,9 +18,9 @@ from blockscope.cli.facts import (
     fact_prompt,
     many_facts,
 )
-from blockscope.cli.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, at_least, group
-from blockscope.cli.output import write
-from blockscope.cli.text_options import Prompt, Sweep
+from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, at_least, group
+from blockscope.api.output import write
+from blockscope.api.text_options import Prompt, Sweep
 
 
 @dataclass
@@ -72,7 +72,7 @@ def trace(o: Trace) -> None:
 
     Example: blockscope trace "The capital of France is" --subject France --target " Paris"
     """
-    from blockscope.cli.common import err
+    from blockscope.api.common import err
     from blockscope.experiments import trace as experiment
     from blockscope.results.render import progress_bar
 
@@ -120,7 +120,7 @@ def trace_facts(o: Trace, started: float) -> None:
     spec, lm, per_fact, avg, record = done
     if not o.out.quiet:
         render_facts(avg, spec.label, record["n_used"])
-    from blockscope.cli.common import model_record
+    from blockscope.api.common import model_record
     from blockscope.results.files import sidecar
 
     meta = sidecar(command="trace", model=model_record(spec, lm), **record, kinds=o.kinds,

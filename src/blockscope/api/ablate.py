@@ -8,12 +8,11 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.choices import Method, Part
-from blockscope.cli.common import command, engine_record, err, out
-from blockscope.cli.corpus_run import passage_command, stability_line, uncertainty_record
-from blockscope.cli.options import Load, Options, Output, group
-from blockscope.cli.output import write
-from blockscope.cli.text_options import (
+from blockscope.api.common import command, engine_record, err, out
+from blockscope.api.corpus_run import passage_command, stability_line, uncertainty_record
+from blockscope.api.options import Load, Options, Output, group
+from blockscope.api.output import write
+from blockscope.api.text_options import (
     MethodOpt,
     PassageOptions,
     SeedOpt,
@@ -22,6 +21,7 @@ from blockscope.cli.text_options import (
     check_resample,
     resample_record,
 )
+from blockscope.choices import Method, Part
 
 REMOVED = {"block": "skipping each block", "attn": "removing each block's attention",
            "mlp": "removing each block's MLP"}

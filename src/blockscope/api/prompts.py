@@ -61,7 +61,7 @@ class PromptRun:
         """The sidecar fields every prompt command records, plus `more`."""
         import time
 
-        from blockscope.cli.common import model_record
+        from blockscope.api.common import model_record
         from blockscope.results.files import sidecar
 
         return sidecar(command=command, **more, model=model_record(self.spec, self.model),
@@ -76,7 +76,7 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
     """Read the prompt (`options.Prompt`), refuse what its tokens or the config rule out
     before the model loads (`check(sizes)`, `check_length(n_tokens)`), load it as `load`
     (`options.Load`) says and tokenize the prompt."""
-    from blockscope.cli.common import checked_load
+    from blockscope.api.common import checked_load
     from blockscope.inputs.text import tokenize
     from blockscope.model.loading import spec_for
 
@@ -105,7 +105,7 @@ def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, 
                 check_lengths) -> TwoPrompts:
     """Both prompts tokenized, their lengths held equal by `check_lengths(n, m)` before the
     model loads where the tokenizer is at hand without it, and after."""
-    from blockscope.cli.common import checked_load
+    from blockscope.api.common import checked_load
     from blockscope.inputs.text import tokenize
     from blockscope.model.loading import spec_for
 

@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from blockscope.cli import output
-from blockscope.cli.console import err, out, styled  # noqa: F401  (the commands' consoles)
-from blockscope.cli.options import flag
+from blockscope.api import output
+from blockscope.api.console import err, out, styled  # noqa: F401  (the commands' consoles)
+from blockscope.api.options import flag
 from blockscope.errors import BlockscopeError
 
 app = typer.Typer(
@@ -47,7 +47,7 @@ def command(fn):
     """Register `fn(o)` as a command. The dataclass annotating `o` (`cli.options`) gives
     the Typer signature, its groups' options flattened in field order, and the command's
     name; `run` makes it from what Typer parsed."""
-    from blockscope.cli.options import parameters
+    from blockscope.api.options import parameters
 
     cls = typing.get_type_hints(fn)["o"]
     empty = inspect.Parameter.empty
@@ -69,7 +69,7 @@ def run(fn, cls, values: dict):
     """Make the options, check them, run the command: bad input is one line on stderr and
     exit 1, Ctrl-C writes nothing, anything else is an internal error (with the traceback
     under BLOCKSCOPE_DEBUG=1)."""
-    from blockscope.cli.options import build
+    from blockscope.api.options import build
     from blockscope.inputs import parallel
 
     rank = parallel.env_rank()
