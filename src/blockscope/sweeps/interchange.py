@@ -55,7 +55,7 @@ class Captured:
 
 
 @dataclass
-class Result:
+class Outcome:
     """A sweep's metric values, and how it ran."""
 
     values: np.ndarray  # (V, S): each variant on each sample of the base run
@@ -161,7 +161,7 @@ def source_names(variants: Sequence[Variant]) -> dict[str, set[str]]:
 
 
 def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant], metric,
-          settings: RunSettings = RunSettings()) -> Result:
+          settings: RunSettings = RunSettings()) -> Outcome:
     """Every variant's metric on every sample of the base run. `sources` names the runs
     edits read from; "base" names the base run itself (a freeze). Of `settings`: the engine,
     the batch size and the progress callback."""
@@ -186,7 +186,7 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
             progress=progress)
     if values is None:
         values = naive(model, base, variants, acts, metric, progress)
-    return Result(np.stack([v.numpy() for v in values]) if values else
+    return Outcome(np.stack([v.numpy() for v in values]) if values else
                   np.zeros((0, base.samples)),
                   metric(kept.logits).cpu().numpy(),
                   {name: metric(c.logits).cpu().numpy() for name, c in held.items()}, how)
