@@ -48,7 +48,7 @@ class Ablate(Options):
     out: Output = group(Output)
 
     def check(self) -> None:
-        from blockscope.errors import BadValue, BlockscopeError
+        from blockscope.errors import BadValue
         from blockscope.experiments.ablate import check_method
         from blockscope.inputs.parallel import world_size
 
@@ -57,7 +57,7 @@ class Ablate(Options):
         if self.per_token and not self.decompose:
             raise BadValue("`per_token` goes with `decompose`")
         if self.decompose and world_size() > 1:
-            raise BlockscopeError("ablate --decompose runs in one process")
+            raise BadValue("ablate with `decompose` runs in one process")
 
     @property
     def suffix(self) -> str:

@@ -41,15 +41,14 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
     tokens, span, target, progress)`: the per-fact rows, their averages, and the sidecar's
     record (None on a process that does not write, under torchrun). The facts are read
     before the model loads."""
-    from blockscope.api.common import checked_load, err
-    from blockscope.errors import BlockscopeError
+    from blockscope.api.common import checked_load, err, model_spec
+    from blockscope.errors import BadValue
     from blockscope.experiments import facts as fx
     from blockscope.inputs import parallel
-    from blockscope.model.loading import spec_for
     from blockscope.results.render import progress_bar
 
     facts = fx.read_facts(o.facts)
-    spec = spec_for(o.load.model, device=parallel.local_device(o.load.device),
+    spec = model_spec(o.load.model, device=parallel.local_device(o.load.device),
                     dtype=o.load.dtype.value, bos_token=o.bos_token)
     comm = parallel.from_env(spec.device)
     quiet = o.out.quiet or not comm.writes
@@ -57,8 +56,8 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
     items = fx.prepared(lm, facts, o.prepend_bos)
     kept = items if o.all_facts else [i for i in items if i["known"]]
     if not kept:
-        raise BlockscopeError(f"{spec.label} knows none of the {len(facts)} facts (its top-1 "
-                              "is the target for none); --all-facts keeps every fact")
+        raise BadValue(f"{spec.label} knows none of the {len(facts)} facts (its top-1 "
+                              "is the target for none); `all_facts` keeps every fact")
     if not quiet:
         err.print(f"{len(kept)} of {len(facts)} facts {'kept' if o.all_facts else 'known'} "
                   f"({spec.label}'s top-1 is the target's first token for "

@@ -14,7 +14,7 @@ from blockscope.api.common import command, err, out, status
 from blockscope.api.options import Options, Output, at_least, comma_list, flag, group
 from blockscope.api.output import write
 from blockscope.api.text_options import TextFileOpt
-from blockscope.errors import BlockscopeError
+from blockscope.errors import BadValue, BlockscopeError
 
 
 class Tokenizer(str, Enum):
@@ -140,8 +140,8 @@ def stacks(o: NormPlacement, passage):
     if o.train_steps:
         experiment.check_sizes(train_cfg, "norm-placement training")
         if data.numel() < o.seq_len + 2:
-            raise BlockscopeError(f"{passage.path}: {data.numel()} tokens, training needs more "
-                                  f"than --seq-len + 1 = {o.seq_len + 1}")
+            raise BadValue(f"{passage.path}: {data.numel()} tokens, training needs more "
+                                  f"than `seq_len` + 1 = {o.seq_len + 1}")
     if data.numel() < 2:
         raise BlockscopeError(f"{passage.path}: gives fewer than 2 tokens")
     return init_cfg, train_cfg, data

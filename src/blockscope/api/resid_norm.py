@@ -11,7 +11,7 @@ from blockscope.api.options import BosTokenOpt, Load, Options, Output, flag, gro
 from blockscope.api.output import write
 from blockscope.api.prompts import prompt_run
 from blockscope.api.text_options import Dataset, PositionOpt, Prompt, SeedOpt, ShuffleOpt
-from blockscope.errors import BadValue, BlockscopeError
+from blockscope.errors import BadValue
 
 ProbeBosOpt = Annotated[
     bool,
@@ -47,7 +47,7 @@ class ResidNorm(Options):
             raise BadValue("give `position` or `all_positions`, not both")
         if self.data.dataset is None:
             if world_size() > 1:
-                raise BlockscopeError("under torchrun resid-norm splits a --dataset; a prompt "
+                raise BadValue("under torchrun resid-norm splits a `dataset`; a prompt "
                                       "runs in one process")
             return
         if self.prompt.prompt is not None or self.prompt.text is not None:

@@ -43,7 +43,7 @@ class Prompt(Options):
         from blockscope.inputs.text import as_prompt, read_passage
 
         if (self.prompt is None) == (self.text is None):
-            raise BlockscopeError("give the prompt as an argument or with --text FILE"
+            raise BadValue("give the prompt as an argument or with `text` FILE"
                                   + (", not both" if self.prompt is not None else ""))
         if self.text is not None:
             passage = read_passage(self.text)
