@@ -421,7 +421,7 @@ def test_a_piped_run_says_a_long_step_and_keeps_a_quick_refusal_one_line(monkeyp
 def test_help_never_cuts_an_option_or_a_default(columns):
     """`reproduce --help` cut `--no-norm-place...` and `[default: experiments/arti...]` in
     Typer's boxed panels. Every command's help now names each option and default whole."""
-    from blockscope.api.common import app as typer_app
+    from blockscope.cli import app as typer_app
 
     def helped(name):  # at the terminal's width (CliRunner's own default is 80)
         return CliRunner().invoke(app, [name, "--help"], terminal_width=columns).stdout

@@ -3,107 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
-import inspect
-import os
-import sys
 import typing
-from typing import Annotated
+from collections.abc import Iterator
 
-import typer
-
-from blockscope.api import output
 from blockscope.api.console import err, out, styled  # noqa: F401  (the commands' consoles)
-from blockscope.api.options import flag
-from blockscope.errors import BlockscopeError
 
-app = typer.Typer(
-    help="A lab for looking inside a Transformer block: the measurements of the article "
-    '"Multi-Head Attention and the Transformer Block", rerun on any model.',
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-def _print_version(value: bool) -> None:
-    if value:
-        from blockscope.versions import __version__
-
-        out.print(f"blockscope {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def root(
-    version: Annotated[
-        bool,
-        flag("--version", callback=_print_version, is_eager=True, help="Print version."),
-    ] = False,
-) -> None:
-    """blockscope: rerun the article's measurements on GPT-2 small or any TransformerLens model."""
+COMMANDS: dict[str, tuple] = {}  # name -> (the command's function, its options class)
 
 
 def command(fn):
-    """Register `fn(o)` as a command. The dataclass annotating `o` (`cli.options`) gives
-    the Typer signature, its groups' options flattened in field order, and the command's
-    name; `run` makes it from what Typer parsed."""
-    from blockscope.api.options import parameters
-
+    """Register `fn(o)` as a command, named by the options dataclass annotating `o`
+    (`api.options`): the command line (`blockscope.cli`) and the Python face
+    (`api.face`) both run it from there."""
     cls = typing.get_type_hints(fn)["o"]
-    empty = inspect.Parameter.empty
-    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
-                                default=empty if default is dataclasses.MISSING else default)
-              for name, kind, default in parameters(cls)]
-
-    def entry(**values):
-        return run(fn, cls, values)
-
-    entry.__signature__ = inspect.Signature(params)
-    entry.__annotations__ = {p.name: p.annotation for p in params}
-    entry.__name__, entry.__doc__ = fn.__name__, fn.__doc__
-    app.command(cls.name)(entry)
+    COMMANDS[cls.name] = (fn, cls)
     return fn
-
-
-def run(fn, cls, values: dict):
-    """Make the options, check them, run the command: bad input is one line on stderr and
-    exit 1, Ctrl-C writes nothing, anything else is an internal error (with the traceback
-    under BLOCKSCOPE_DEBUG=1)."""
-    from blockscope.api.options import build
-    from blockscope.inputs import parallel
-
-    rank = parallel.env_rank()
-    try:
-        if parallel.world_size() > 1 and cls.name not in DISTRIBUTED:
-            raise BlockscopeError(f"{cls.name} runs in one process; under torchrun only "
-                                  f"{', '.join(sorted(DISTRIBUTED))} do")
-        o = build(cls, values)
-        o.check_all()
-        output.refuse_overwrite(o)
-        return fn(o)
-    except BlockscopeError as exc:
-        message = exc.as_flag() if hasattr(exc, "as_flag") else str(exc)
-        if rank == 0:  # every process meets the same bad input: say it once
-            err.print(styled("error: ", "bold red", message), highlight=False, soft_wrap=True)
-        parallel.report_failure(f"error: {message}")
-        raise typer.Exit(1)
-    except KeyboardInterrupt:
-        err.print("interrupted: nothing was written", highlight=False)
-        raise typer.Exit(130)
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:
-        if os.environ.get("BLOCKSCOPE_DEBUG"):
-            raise
-        where = "" if parallel.world_size() == 1 else (
-            f"rank {rank} of this torchrun (nothing was written): ")
-        line = f"{where}{type(exc).__name__}: {exc} (set BLOCKSCOPE_DEBUG=1 for the traceback)"
-        err.print(styled("internal error: ", "bold red", line), highlight=False, soft_wrap=True)
-        parallel.report_failure(f"internal error: {line}")
-        raise typer.Exit(1)
-    finally:
-        if "torch.distributed" in sys.modules:
-            parallel.finish()
 
 
 DISTRIBUTED = {"ablate", "knockout", "prune-heads", "resid-norm", "trace"}  # split work by rank
@@ -166,9 +82,45 @@ def sizes_of(model) -> dict:
     return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx}
 
 
+_HELD: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("held", default=None)
+
+
+@contextlib.contextmanager
+def holding(model, spec) -> Iterator[None]:
+    """Run the commands inside on `model` (a TransformerBridge the caller holds, described
+    by `spec`) instead of loading what their options name."""
+    token = _HELD.set((model, spec))
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+def model_spec(name: str | None, **options):
+    """What `model` names, resolved (`loading.spec_for`); the held model's own spec inside
+    `holding` (with these options' BOS token)."""
+    held = _HELD.get()
+    if held is not None:
+        return dataclasses.replace(held[1], bos_token=options.get("bos_token"))
+    from blockscope.model.loading import spec_for
+
+    return spec_for(name, **options)
+
+
 def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
     """Load the model; `check(sizes)` (which raises BlockscopeError on a bad option) runs
-    first on the config alone where one is at hand without loading, then on the model."""
+    first on the config alone where one is at hand without loading, then on the model.
+    Inside `holding`, the held model instead (checked the same way), its BOS chosen as
+    `spec` says."""
+    held = _HELD.get()
+    if held is not None:
+        from blockscope.inputs.text import choose_bos
+
+        lm = held[0]
+        if check is not None:
+            check(sizes_of(lm))
+        lm.bos_choice = choose_bos(lm.tokenizer, spec.bos_token)
+        return lm
     from blockscope.model.peek import peek_sizes
 
     if check is not None:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blockscope.api.common import checked_load, err, model_record, status
+from blockscope.api.common import checked_load, err, model_record, model_spec, status
 
 if TYPE_CHECKING:
     from blockscope.sweeps.settings import RunSettings
@@ -109,10 +109,10 @@ def corpus_run(source, load, *, quiet: bool, check=None, stride: int | None = No
     from blockscope.inputs import parallel
     from blockscope.inputs.corpus import load_docs, passage_docs
     from blockscope.inputs.text import read_passage
-    from blockscope.model.loading import spec_for
+
 
     passage = read_passage(source.text) if source.text is not None else None
-    spec = spec_for(load.model, device=parallel.local_device(load.device),
+    spec = model_spec(load.model, device=parallel.local_device(load.device),
                     dtype=load.dtype.value, processed=processed, bos_token=bos_token)
     comm = parallel.from_env(spec.device)
     quiet = quiet or not comm.writes

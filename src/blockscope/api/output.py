@@ -1,5 +1,6 @@
 """What every command writes, and under which name: CSV, JSON sidecar and pictures, each
-file named by the command, a readable stem and a digest of the run's settings.
+file named by the command, a readable stem and a digest of the run's settings. A command
+hands its results over (`write`); the command line saves them (`saved`).
 
 Each reads the command's options (`cli.options`): the digest names their values.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from blockscope.errors import BlockscopeError
+from blockscope.api.result import Result, hand_over
+from blockscope.errors import BadValue
 
 # Options that change only how results are shown or where they go, never what is measured.
 OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite"}
@@ -61,12 +63,6 @@ def content_sha256(path: Path) -> str | None:
     return None
 
 
-def digested(name: str, digest: str) -> str:
-    """`name` with the settings digest before its extension: a-b.csv -> a-b-1f2e3d4c.csv."""
-    stem, dot, ext = name.rpartition(".")
-    return f"{stem}-{digest}.{ext}" if dot else f"{name}-{digest}"
-
-
 def refuse_overwrite(o) -> None:
     """With --no-overwrite, refuse before any work when this command already wrote results
     of these exact settings into --out-dir (every file it writes starts with its name and
@@ -78,27 +74,39 @@ def refuse_overwrite(o) -> None:
     found = sorted(out_dir.glob(f"{o.name}-*-{settings_digest(o)}.*")) if out_dir.is_dir() \
         else []
     if found:
-        raise BlockscopeError(f"--no-overwrite: results of these settings exist: {found[0]}")
+        raise BadValue(f"`no_overwrite`: results of these settings exist: {found[0]}")
 
 
-def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> list[Path]:
-    """Write `{suffix: DataFrame}` as `<stem><suffix>-<digest>.csv`, `<stem>-<digest>.json`
-    and `extra` (`{filename: Figure or text}`, each given the digest too); say where, and
-    say so when files of an earlier run with the same settings were replaced."""
+def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> Result:
+    """Hand over the command's results (`result.hand_over`): `{suffix: DataFrame}` for
+    `<stem><suffix>-<digest>.csv`, the sidecar for `<stem>-<digest>.json`, and `extra`
+    (`{filename: a Figure, a function drawing one, or text}`). Whoever runs the command
+    saves them: the command line into --out-dir (`saved`), the Python face on request."""
+    pictures, texts = {}, {}
+    for name, content in (extra or {}).items():
+        if isinstance(content, str):
+            texts[name] = content
+        else:
+            pictures[name] = content if callable(content) and not hasattr(
+                content, "savefig") else (lambda fig=content: fig)
+    result = Result(o.name, stem, settings_digest(o), dict(frames), meta, pictures, texts)
+    hand_over(result)
+    return result
+
+
+def saved(result: Result, out_dir: Path, quiet: bool) -> list[Path]:
+    """Write `result`'s files into `out_dir`; say where, and say so when files of an earlier
+    run with the same settings were replaced."""
     from blockscope.api.console import err, out
-    from blockscope.results.files import write_outputs
 
-    out_dir, quiet = Path(o.out.out_dir).expanduser(), o.out.quiet
-    digest = settings_digest(o)
-    files = {digested(f"{stem}{suffix}.csv", digest): df for suffix, df in frames.items()}
-    files[digested(f"{stem}.json", digest)] = {**meta, "settings_digest": digest}
-    files.update({digested(name, digest): content for name, content in (extra or {}).items()})
-    replaced = [name for name in files if (Path(out_dir) / name).exists()]
-    paths = write_outputs(out_dir, files)
+    files = result.files()
+    replaced = [name for name in files if (out_dir / name).exists()]
+    paths = result.save(out_dir)
     csvs = [p for p in paths if p.suffix == ".csv"]
     if replaced:
         err.print(f"replaced the results of an earlier run with the same settings "
-                  f"({len(replaced)} files, settings {digest})", highlight=False, soft_wrap=True)
+                  f"({len(replaced)} files, settings {result.digest})", highlight=False,
+                  soft_wrap=True)
     if quiet:
         out.print(str(csvs[0]), highlight=False, soft_wrap=True)
     else:

@@ -76,12 +76,12 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
     """Read the prompt (`options.Prompt`), refuse what its tokens or the config rule out
     before the model loads (`check(sizes)`, `check_length(n_tokens)`), load it as `load`
     (`options.Load`) says and tokenize the prompt."""
-    from blockscope.api.common import checked_load
+    from blockscope.api.common import checked_load, model_spec
     from blockscope.inputs.text import tokenize
-    from blockscope.model.loading import spec_for
+
 
     text, source = prompt.read()
-    spec = spec_for(load.model, device=load.device, dtype=load.dtype.value,
+    spec = model_spec(load.model, device=load.device, dtype=load.dtype.value,
                     processed=processed, bos_token=bos_token)
     early = early_tokens(spec, text, prepend_bos)
     if early is not None and check_length is not None:
@@ -105,13 +105,13 @@ def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, 
                 check_lengths) -> TwoPrompts:
     """Both prompts tokenized, their lengths held equal by `check_lengths(n, m)` before the
     model loads where the tokenizer is at hand without it, and after."""
-    from blockscope.api.common import checked_load
+    from blockscope.api.common import checked_load, model_spec
     from blockscope.inputs.text import tokenize
-    from blockscope.model.loading import spec_for
+
 
     if not clean.strip() or not corrupted.strip():
         raise BlockscopeError("the clean and the corrupted prompt must not be empty")
-    spec = spec_for(load.model, device=load.device, dtype=load.dtype.value, bos_token=bos_token)
+    spec = model_spec(load.model, device=load.device, dtype=load.dtype.value, bos_token=bos_token)
     early = [early_tokens(spec, t, prepend_bos) for t in (clean, corrupted)]
     if None not in early:
         check_lengths(early[0].shape[-1], early[1].shape[-1])

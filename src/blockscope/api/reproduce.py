@@ -20,7 +20,8 @@ from blockscope.api.options import (
     flag,
     group,
 )
-from blockscope.api.output import digested, settings_digest, write
+from blockscope.api.output import settings_digest, write
+from blockscope.api.result import digested
 from blockscope.errors import ModelUnavailable
 from blockscope.results.report import (
     article_header,

@@ -3,8 +3,7 @@ bad usage said in one line."""
 
 import sys
 
-import blockscope.api  # noqa: F401  (registers the commands)
-from blockscope.api.common import app
+from blockscope.cli.app import app  # noqa: F401  (the Typer app, every command on it)
 
 
 def main() -> None:
@@ -25,7 +24,7 @@ def _run() -> int:
     except ImportError:
         from click.exceptions import UsageError
 
-    from blockscope.api.common import err
+    from blockscope.api.console import err
 
     try:
         code = app(standalone_mode=False)
@@ -51,7 +50,7 @@ def _negative_numbers_hint(argv: list[str]) -> None:
         bad = next((a for i, a in enumerate(before)
                     if number.fullmatch(a) and before[i - 1] not in valued), None)
         if bad is not None:
-            from blockscope.api.common import err
+            from blockscope.api.console import err
 
             err.print(f"error: {bad} reads as an option; put -- before the numbers, after "
                       "any options: blockscope layernorm --eps 1e-5 -- -1 0 1",

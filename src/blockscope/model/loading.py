@@ -173,6 +173,37 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
     return model
 
 
+def bridge_of(hf_model, tokenizer, name: str | None = None):
+    """A TransformerBridge over a Hugging Face model (and its tokenizer) the caller holds,
+    as `load_model` boots one: eval mode, eager attention (hooks on scores and patterns
+    need it), a BOS-adding copy of the tokenizer, BOS chosen as `text.choose_bos` says."""
+    import tempfile
+
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
+    from blockscope.inputs.text import choose_bos
+
+    if getattr(hf_model.config, "_attn_implementation", "eager") != "eager":
+        hf_model.set_attn_implementation("eager")
+    name = name or getattr(hf_model.config, "_name_or_path", "") or hf_model.config.model_type
+    if not getattr(tokenizer, "add_bos_token", False):  # else the boot reloads it by name
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer.save_pretrained(tmp)
+            tokenizer = AutoTokenizer.from_pretrained(tmp, add_bos_token=True)
+    param = next(hf_model.parameters())
+    try:
+        model = TransformerBridge.boot_transformers(name, hf_model=hf_model.eval(),
+                                                    tokenizer=tokenizer,
+                                                    device=str(param.device), dtype=param.dtype)
+    except (OSError, ValueError) as exc:
+        raise BlockscopeError(f"cannot bridge model {name!r}: {type(exc).__name__}: "
+                              f"{_first(exc)}")
+    model.eval()
+    model.bos_choice = choose_bos(model.tokenizer, None)
+    return model
+
+
 def _first(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

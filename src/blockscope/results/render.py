@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -110,12 +111,24 @@ def _laid_out(cells: dict, columns: dict, width: int, title, styles, caption) ->
     return t
 
 
+# Where progress goes instead of a bar (the Python face): a function of (total, description)
+# giving the step callback; None: the console's bar.
+REPORTER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("reporter",
+                                                                           default=None)
+
+
 @contextmanager
 def progress_bar(
     console: Console, total: int, description: str, enabled: bool = True
 ) -> Iterator[Callable[[], None]]:
     """Yield a callback: `cb()` advances the bar by one step, `cb(total=n)` resets its total.
-    With an ETA; where stderr is not a terminal (piped, logged), one plain line per tenth."""
+    With an ETA; where stderr is not a terminal (piped, logged), one plain line per tenth.
+    Where `REPORTER` is set, its step callback instead, whether or not `enabled`."""
+    reporter = REPORTER.get()
+    if reporter is not None:
+        with reporter(total, description) as step:
+            yield step
+        return
     if not enabled:
         yield lambda total=None: None
         return

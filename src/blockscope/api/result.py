@@ -1,0 +1,116 @@
+"""What a command gives back: its tables, its sidecar and its pictures, and how to save them
+as the command line does (`Result`); and how a command's run hands them over
+(`collecting`, `hand_over`)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import html
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+_COLLECTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("collected",
+                                                                          default=None)
+
+
+@dataclass
+class Result:
+    """One command's results, as the files the command line writes would hold them.
+
+    Attributes:
+        command: The command that measured them, e.g. "ablate".
+        stem: The files' common name before the settings digest, e.g.
+            "ablate-smollm2-135m-alice".
+        digest: 8 hex digits naming the settings (every option but the output ones).
+        tables: Each CSV's DataFrame by the suffix its file name adds after the stem ("" for
+            the main one).
+        meta: The JSON sidecar: the settings, the model, how the sweep ran, the versions.
+        pictures: Each picture's file name (digest not yet added) and a function drawing it.
+    """
+
+    command: str
+    stem: str
+    digest: str
+    tables: dict[str, pd.DataFrame]
+    meta: dict
+    pictures: dict[str, Callable] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)  # other files (name: content)
+    _drawn: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The main table: what the main CSV holds."""
+        return self.tables[""] if "" in self.tables else next(iter(self.tables.values()))
+
+    def figure(self, name: str | None = None):
+        """The picture the command draws (its first, or the one whose file name starts with
+        `name`), as a matplotlib Figure, drawn on the first call; None if it draws none."""
+        names = [n for n in self.pictures if name is None or n.startswith(name)]
+        if not names:
+            return None
+        if names[0] not in self._drawn:
+            self._drawn[names[0]] = self.pictures[names[0]]()
+        return self._drawn[names[0]]
+
+    def files(self) -> dict[str, object]:
+        """Every file the command line writes for these results, by its name (digest
+        included): DataFrames (CSV), the sidecar (JSON), Figures (PNG) and texts."""
+        files: dict[str, object] = {digested(f"{self.stem}{suffix}.csv", self.digest): df
+                                    for suffix, df in self.tables.items()}
+        files[digested(f"{self.stem}.json", self.digest)] = {**self.meta,
+                                                               "settings_digest": self.digest}
+        for name in self.pictures:
+            files[digested(name, self.digest)] = self.figure(name)
+        files.update({digested(n, self.digest): text for n, text in self.texts.items()})
+        return files
+
+    def save(self, out_dir: str | Path = "results") -> list[Path]:
+        """Write the files the command line writes, with the same names and digest, into
+        `out_dir` (made if missing), each written whole or not at all. Returns their
+        paths."""
+        from blockscope.results.files import write_outputs
+
+        return write_outputs(Path(out_dir).expanduser(), self.files())
+
+    @property
+    def headline(self) -> str:
+        """The one line the command prints under its table, where it prints one."""
+        return str(self.meta.get("headline", ""))
+
+    def _repr_html_(self) -> str:
+        head = f"<b>blockscope {html.escape(self.command)}</b>: {html.escape(self.stem)}"
+        line = f"<p>{html.escape(self.headline)}</p>" if self.headline else ""
+        return f"<div><p>{head}</p>{line}{self.table.to_html(max_rows=40)}</div>"
+
+    def __repr__(self) -> str:
+        shape = "x".join(str(n) for n in self.table.shape)
+        return (f"Result(command={self.command!r}, stem={self.stem!r}, table={shape}, "
+                f"pictures={list(self.pictures)})")
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[Result]]:
+    """Gather the Results the commands run inside hand over."""
+    token = _COLLECTED.set([])
+    try:
+        yield _COLLECTED.get()
+    finally:
+        _COLLECTED.reset(token)
+
+
+def hand_over(result: Result) -> None:
+    """Give a command's Result to whoever is collecting (`collecting`)."""
+    found = _COLLECTED.get()
+    if found is None:
+        raise RuntimeError("a command's results were handed over with no one collecting")
+    found.append(result)
+
+
+def digested(name: str, digest: str) -> str:
+    """`name` with the settings digest before its extension: a-b.csv -> a-b-1f2e3d4c.csv."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}-{digest}.{ext}" if dot else f"{name}-{digest}"
