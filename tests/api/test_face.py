@@ -15,7 +15,9 @@ from blockscope.cli import app
 from ..conftest import ALICE, REPO
 
 PROMPT = "The capital of France is"
-# Each command's options for a quick run on the tiny checkpoint ("model": the tiny one).
+# Each command's options for a quick run on the tiny checkpoint ("model": the tiny one);
+# reproduce is held to its command line in tests/experiments/test_reproduce.py, on the run
+# that test already makes.
 CASES = {
     "ablate": dict(text=ALICE, max_tokens=30, bootstrap=20),
     "attention": dict(prompt="The capital", layer="1"),
@@ -33,7 +35,6 @@ CASES = {
     "prune-blocks": dict(text=ALICE, max_tokens=20, bootstrap=0),
     "prune-heads": dict(text=ALICE, max_tokens=20, bootstrap=0, step=0.5),
     "rearrange": dict(text=ALICE, max_tokens=10, swap="0,2", bootstrap=0),
-    "reproduce": dict(prune=False, norm=False),
     "resid-norm": dict(prompt=PROMPT),
     "shapes": dict(prompt=PROMPT),
     "trace": dict(prompt=PROMPT, subject="France", target=" Paris", samples=2, window=2),
@@ -91,8 +92,10 @@ def test_a_held_bridge_and_an_hf_model_give_the_numbers_of_a_load(tiny_dir, hf):
 
     loaded = bs.ablate(bs.load(str(tiny_dir), device="cpu"), **CASES["ablate"]).table
     by_name = bs.ablate(str(tiny_dir), **CASES["ablate"]).table
+    blocks = [type(b) for b in hf.transformer.h]
     held = bs.ablate(hf, tokenizer=AutoTokenizer.from_pretrained(tiny_dir),
                      **CASES["ablate"]).table
+    assert [type(b) for b in hf.transformer.h] == blocks  # the caller's model left as it was
     for df in (by_name, held):
         assert (df["perplexity"] - loaded["perplexity"]).abs().max() < 1e-6 * loaded[
             "perplexity"].max()
@@ -118,6 +121,7 @@ def test_the_public_face_is_what_docs_python_md_documents():
                             re.M)
     assert sorted(bs.__all__) == sorted(documented)
     assert set(bs.__all__) == {"BlockscopeError", "Result", "load", *face.faces()}
+    assert set(face.faces()) == {n.replace("-", "_") for n in [*CASES, "reproduce"]}
     for name in bs.__all__:
         doc = getattr(bs, name).__doc__ or ""
         assert doc.strip(), name

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import blockscope as bs
 from blockscope.cli import app
 from blockscope.experiments.reproduce.figures import (
     Figure,
@@ -75,6 +76,9 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert any(line.startswith("pruning heads (gradient order): ") and "left" in line
                for line in lines)
     table = pd.read_csv(result(out, "reproduce-tiny-gpt2.csv"))
+    face = bs.reproduce(str(tiny_dir), reference=str(ref))  # the Python face: the same CSV
+    written = out / f"{face.stem}-{face.digest}.csv"
+    assert face.table.to_csv(index=False).encode() == written.read_bytes()
     status = dict(zip(table["figure"] + "|" + table["variant"].fillna(""), table["status"],
                       strict=True))
     assert status["GPT-2 small: total|"] == "matches" and status["std|"] == "matches"

@@ -174,9 +174,12 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
 
 
 def bridge_of(hf_model, tokenizer, name: str | None = None):
-    """A TransformerBridge over a Hugging Face model (and its tokenizer) the caller holds,
-    as `load_model` boots one: eval mode, eager attention (hooks on scores and patterns
-    need it), a BOS-adding copy of the tokenizer, BOS chosen as `text.choose_bos` says."""
+    """A TransformerBridge over a copy of a Hugging Face model (and its tokenizer) the
+    caller holds, as `load_model` boots one: eval mode, eager attention (hooks on scores
+    and patterns need it), a BOS-adding copy of the tokenizer, BOS chosen as
+    `text.choose_bos` says. The bridge swaps the model's blocks for its own in place, so it
+    boots on a copy: the caller's model is left as it was."""
+    import copy
     import tempfile
 
     from transformer_lens.model_bridge import TransformerBridge
@@ -184,6 +187,7 @@ def bridge_of(hf_model, tokenizer, name: str | None = None):
 
     from blockscope.inputs.text import choose_bos
 
+    hf_model = copy.deepcopy(hf_model)
     if getattr(hf_model.config, "_attn_implementation", "eager") != "eager":
         hf_model.set_attn_implementation("eager")
     name = name or getattr(hf_model.config, "_name_or_path", "") or hf_model.config.model_type

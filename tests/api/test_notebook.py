@@ -1,0 +1,38 @@
+"""examples/quickstart.ipynb runs top to bottom, offline, on the tiny checkpoint: each code
+cell in order in one IPython shell (its magics and display formatters, as a kernel runs
+them), in this process, where blockscope is already imported."""
+
+import matplotlib
+import nbformat
+from IPython.core.interactiveshell import InteractiveShell
+
+from ..conftest import REPO
+
+
+class Shell(InteractiveShell):
+    """IPython's shell as a kernel has it: `%matplotlib inline` needs no GUI loop."""
+
+    def enable_gui(self, gui=None):
+        pass
+
+
+def test_the_quickstart_notebook_runs_offline(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKSCOPE_EXAMPLE_MODEL", str(tiny_dir))
+    monkeypatch.setenv("BLOCKSCOPE_EXAMPLE_TOKENS", "40")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    nb = nbformat.read(REPO / "examples" / "quickstart.ipynb", as_version=4)
+    shell = Shell.instance()
+    shown = []
+    try:
+        for cell in (c for c in nb.cells if c.cell_type == "code"):
+            run = shell.run_cell(cell.source, store_history=False)
+            assert run.success, (cell.source, run.error_in_exec or run.error_before_exec)
+            if run.result is not None:
+                shown.append(shell.display_formatter.format(run.result)[0])
+    finally:
+        Shell.clear_instance()
+        matplotlib.use("Agg")  # as the rest of the suite draws
+    assert sum("image/png" in bundle for bundle in shown) == 2  # both figures drawn
+    assert any("blockscope ablate" in bundle.get("text/html", "") for bundle in shown)
+    assert len(list((tmp_path / "results").glob("ablate-*.csv"))) == 1
