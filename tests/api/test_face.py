@@ -90,8 +90,10 @@ def test_save_writes_the_files_the_cli_writes(tiny_dir, tmp_path):
 def test_a_held_bridge_and_an_hf_model_give_the_numbers_of_a_load(tiny_dir, hf):
     from transformers import AutoTokenizer
 
-    loaded = bs.ablate(bs.load(str(tiny_dir), device="cpu"), **CASES["ablate"]).table
-    by_name = bs.ablate(str(tiny_dir), **CASES["ablate"]).table
+    loaded = bs.ablate(bs.load(str(tiny_dir), device="cpu"), **CASES["ablate"])
+    by_name = bs.ablate(str(tiny_dir), **CASES["ablate"])
+    assert (loaded.stem, loaded.digest) == (by_name.stem, by_name.digest)  # the same files
+    loaded, by_name = loaded.table, by_name.table
     blocks = [type(b) for b in hf.transformer.h]
     held = bs.ablate(hf, tokenizer=AutoTokenizer.from_pretrained(tiny_dir),
                      **CASES["ablate"]).table

@@ -116,7 +116,7 @@ def face(name: str):
             if not holds:
                 raise BadValue(f"`model` of {name} is a name, not a model object")
             held = held_spec(model, tokenizer)
-            given["model"] = None
+            given["model"] = held[1].name  # as the settings digest names it
         values = {n: default for n, _, default in options} | {
             "out_dir": Path("results"), "quiet": True, "no_overwrite": False, "plot": True}
         for n, kind, _ in options:
