@@ -36,3 +36,19 @@ def test_the_quickstart_notebook_runs_offline(tiny_dir, tmp_path, monkeypatch):
     assert sum("image/png" in bundle for bundle in shown) == 2  # both figures drawn
     assert any("blockscope ablate" in bundle.get("text/html", "") for bundle in shown)
     assert len(list((tmp_path / "results").glob("ablate-*.csv"))) == 1
+
+
+def test_the_notebook_and_the_docs_use_the_public_face_only():
+    """`import blockscope as bs` and `bs.<name>` of `bs.__all__`: nothing else of blockscope."""
+    import re
+
+    import blockscope as bs
+
+    nb = nbformat.read(REPO / "examples" / "quickstart.ipynb", as_version=4)
+    texts = ["\n".join(c.source for c in nb.cells if c.cell_type == "code"),
+             *re.findall(r"```python\n(.*?)```", (REPO / "docs" / "python.md").read_text()
+                         + (REPO / "README.md").read_text(), re.S)]
+    for text in texts:
+        assert re.findall(r"^[ \t]*(?:import|from) blockscope\b.*$", text, re.M) == [
+            "import blockscope as bs"]
+        assert set(re.findall(r"\bbs\.(\w+)", text)) <= set(bs.__all__)

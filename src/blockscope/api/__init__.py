@@ -1,7 +1,9 @@
-"""Every command, one module each: its options as a dataclass (options, text_options),
-checked once before anything loads; the command loads, calls a pure experiment, renders
-and writes. Heavy imports (torch, TransformerLens) happen inside the commands, so
-`blockscope --help` is instant. The command line (`blockscope.cli`) runs them.
+"""Every command, one module each, run by the command line (`blockscope.cli`) and by the
+Python face (`face`, re-exported as `blockscope.<command>`). A command's options are a
+dataclass (options, text_options), checked once before anything loads; the command loads
+(or takes the held model), calls pure experiments, renders its table on the console (quiet
+in Python) and hands its results over as a `result.Result`: the command line saves them,
+Python returns them. Heavy imports happen inside the commands, so `--help` is instant.
 """
 
 from blockscope.api import (  # noqa: F401  (registers the commands: one module each)
