@@ -108,6 +108,8 @@ def test_errors_name_parameters_and_options_are_checked_before_loading(tiny_dir)
         bs.ablate(str(tiny_dir), part="heads")
     with pytest.raises(bs.BlockscopeError, match=r"^stride must be at least 1"):
         bs.ablate("/nonexistent/model", stride=0)  # refused before any load
+    with pytest.raises(bs.BlockscopeError, match="a name, not a model object"):
+        bs.reproduce(object())
     with pytest.raises(TypeError, match="unexpected keyword argument 'strides'"):
         bs.ablate(str(tiny_dir), strides=2)
 

@@ -97,7 +97,8 @@ def face(name: str):
     options = [(n, kind, default) for n, kind, default in parameters(cls)
                if n not in OUTPUT_ONLY]
     names = {n for n, _, _ in options}
-    holds = {"model", "device", "dtype", "allow_pickle"} <= names  # a model it can be given
+    # a model it can be given (reproduce loads its own: raw and processed weights)
+    holds = {"model", "device", "dtype", "allow_pickle"} <= names and name != "reproduce"
 
     def run(*args, **given) -> Result:
         progress = given.pop("progress", None)
