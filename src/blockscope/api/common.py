@@ -1,4 +1,4 @@
-"""What every command shares: the app, how a command is registered and run, loading."""
+"""What every command shares: how a command is registered, the held model, loading."""
 
 from __future__ import annotations
 
