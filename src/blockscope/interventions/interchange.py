@@ -5,7 +5,8 @@ This is pyvene's one `forward(base, source)`: a patch, a restore, a freeze and a
 differ only in which run `source` is; noise is `base + source`; a knockout writes -inf into
 the attention scores. The site is TransformerLens's hook name, a layer, positions and
 optionally a head, and the engine (sweeps/interchange) selects it, so `apply` sees only the
-selected values:
+selected values, with a leading axis of the run's samples (`source`'s is 1 where one value
+serves every sample):
 
 - `hook_resid_pre`, `hook_resid_post`, `hook_resid_mid`, `hook_attn_out`, `hook_mlp_out`,
   and `hook_embed` (layer None): (batch, pos, d_model) at `positions`;
@@ -108,21 +109,21 @@ class Edit:
         src = id(self.source) if isinstance(self.source, torch.Tensor) else self.source
         return hash((self.site, self.intervention, src))
 
-    def write(self, act: torch.Tensor, rows, offset: int, sources: dict) -> None:
-        """Write `apply(base, source)` into `act` (batch, ...) in place, at the site in the
-        batch rows `rows` [(row, sample)], positions counted from `offset`."""
-        idx = self.site.index(offset)
-        full = self.site.index(0)
-        for row, sample in rows:
-            base = act[row][idx]
-            act[row][idx] = self.intervention.apply(base, self.source_for(sources, sample, full))
+    def write(self, act: torch.Tensor, first: int, samples: int, offset: int,
+              sources: dict) -> None:
+        """Write `apply(base, source)` into `act` (batch, ...) in place, at the site, in the
+        batch rows first..first+samples-1 (the run's samples 0..samples-1, in order), its
+        positions counted from `offset`: one indexed write for all the rows."""
+        rows = act[first : first + samples]  # a view: (S, ...)
+        idx = (slice(None), *self.site.index(offset))
+        rows[idx] = self.intervention.apply(rows[idx], self.source_of(sources, samples))
 
-    def source_for(self, sources: dict, sample: int, full: tuple):
-        """This edit's source for one sample, selected at the site."""
+    def source_of(self, sources: dict, samples: int):
+        """This edit's source for samples 0..samples-1, selected at the site: (S or 1,
+        *selected), or None."""
         if self.source is None:
             return None
         if isinstance(self.source, torch.Tensor):
-            src = self.source
-            return src[sample if src.shape[0] > 1 else 0]
+            return self.source[:samples]  # (batch or 1, *selected)
         act = sources[self.source][self.site.name]  # (batch or 1, ...) the whole run's
-        return act[sample if act.shape[0] > 1 else 0][full]
+        return act[:samples][(slice(None), *self.site.index(0))]

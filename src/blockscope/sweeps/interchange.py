@@ -64,11 +64,6 @@ class Outcome:
     how: dict = field(default_factory=dict)
 
 
-def rows_of(samples: int) -> list[tuple[int, int]]:
-    """Batch rows [(row, sample)] of one run of `samples` copies."""
-    return [(s, s) for s in range(samples)]
-
-
 def edit_hooks(edits: Sequence[Edit], samples: int, sources: dict) -> list:
     """TransformerLens hooks that write each edit's `apply(base, source)` at its site, in
     every sample (the naive loop's; the run's own edits go first)."""
@@ -80,7 +75,7 @@ def edit_hooks(edits: Sequence[Edit], samples: int, sources: dict) -> list:
         def hook(act, hook=None):
             act = act.clone()
             for e in group:
-                e.write(act, rows_of(samples), 0, sources)
+                e.write(act, 0, samples, 0, sources)
             return act
 
         return hook

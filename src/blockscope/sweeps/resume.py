@@ -159,7 +159,7 @@ class Resume:
         its edits are written by the blocks as the stream goes by."""
         start = entry(variants[0])[1]
         firsts = [entry(v)[0] for v in variants]
-        todo: dict = {}  # (block step, point) -> [(edit, [(row, sample)])]
+        todo: dict = {}  # (block step, point) -> [(edit, its variant's first row)]
 
         def entering(j, mid, keys):
             joining = [i for i, e in enumerate(firsts) if e == j and not mid]
@@ -167,16 +167,16 @@ class Resume:
                 return None
             new: list = []  # (variant, sample) of each joining row
             for i in joining:
-                mine = [(len(keys) + len(new) + s, s) for s in range(self.samples)]
+                first = len(keys) + len(new)  # its samples' rows: first, first + 1, ...
                 new += [(i, s) for s in range(self.samples)]
                 for e in variants[i].edits:
-                    todo.setdefault((stage(e), e.site.point), []).append((e, mine))
+                    todo.setdefault((stage(e), e.site.point), []).append((e, first))
             return new, self.kept.pre[j][:, start:].repeat(len(joining), 1, 1)  # (k S, Tq, d)
 
         def edits(j):
             def edit(point, act):
-                for e, mine in todo.get((j, point), ()):
-                    e.write(act, mine, start, self.sources)
+                for e, first in todo.get((j, point), ()):
+                    e.write(act, first, self.samples, start, self.sources)
                 return act
 
             edit.knocks = lambda j: (j, "attn.hook_attn_scores") in todo
