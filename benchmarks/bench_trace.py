@@ -4,6 +4,7 @@ noise samples, as ROME's `trace_with_patch`), and set both beside the time of th
 the sweep needs, priced at rates measured in the same run.
 
     python benchmarks/bench_trace.py [--model smollm2-135m] [--facts 1] [--length 10] [--samples 10]
+                                     [--reps 1] [--no-naive]
 
 The exact work: for each variant and sample, every block from the first one it changes at
 the positions from the first one it changes (attention over the causal keys only), and the
@@ -11,7 +12,9 @@ unembedding of the one position the metric reads. Matrix products are priced at 
 of each of the model's own products (q, k, v, o, gate, up, down, the unembedding; at a
 batch's rows times half the prompt's positions), element-wise work (norms, rotary, the
 gated activation, residual adds, the softmax over the keys) at the copy bandwidth measured
-by a large clone.
+by a large copy into a buffer already touched. The rates are measured again after each
+cached run (`--reps`), since this machine's speed drifts by a fifth within minutes: each
+rep's ratio is printed, and the median.
 """
 
 from __future__ import annotations
@@ -80,10 +83,12 @@ def exact_seconds(model, variants, T: int, samples: int, rows: int) -> dict:
             elem += samples * blocks * 4 * (14 * d + 3 * d_mlp + 3 * H * (t + 1)
                                             + 2 * (H * dh + d_kv))
         flops["unembed"] += samples * 2 * d * V
-    seconds = sum(flops[k] / rates[k] for k in rates) + attn / rates["o"] + elem / bandwidth()
+    matmul = sum(flops[k] / rates[k] for k in rates) + attn / rates["o"]
+    gbs = bandwidth()
     return {"matmul_gflop": (sum(flops.values()) + attn) / 1e9, "elementwise_gb": elem / 1e9,
             "rates_gflops": {k: round(r / 1e9, 1) for k, r in rates.items()},
-            "seconds": seconds}
+            "copy_gb_s": round(gbs / 1e9, 1), "matmul_s": matmul, "elementwise_s": elem / gbs,
+            "seconds": matmul + elem / gbs}
 
 
 def main() -> None:
@@ -93,6 +98,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=None,
                     help="only facts of this many tokens (BOS included)")
     ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=1, help="cached runs, each with its bound")
     ap.add_argument("--naive", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     model = load_model(spec_for(args.model, device="cpu"))
@@ -101,19 +107,21 @@ def main() -> None:
         facts = [f for f in facts if len(tokenize(model.tokenizer, f.prompt,
                                                   prepend_bos=True)[0]) == args.length]
     items = fx.prepared(model, facts[: args.facts], True)
-    totals = {"cached": 0.0, "naive": 0.0, "bound": 0.0, "work": 0, "naive_work": 0}
+    totals = {"cached": [0.0] * args.reps, "bound": [0.0] * args.reps, "naive": 0.0,
+              "work": 0, "naive_work": 0}
     for it in items:
         T = it["tokens"].shape[-1]
         kw = dict(target=it["target"], samples=args.samples)
-        start = time.perf_counter()
-        a = trace.trace(model, it["tokens"], it["span"], **kw)
-        totals["cached"] += time.perf_counter() - start
-        how = a.attrs["how"]
-        assert how["engine"] == "cached", how
         vs = trace.variants(model.cfg.n_layers, T, trace.KINDS, 10, None)
-        rows = how["batch_size"] * args.samples * max(1, T // 2)  # a batch's rows x positions
-        bound = exact_seconds(model, vs, T, args.samples, rows)
-        totals["bound"] += bound["seconds"]
+        for r in range(args.reps):
+            start = time.perf_counter()
+            a = trace.trace(model, it["tokens"], it["span"], **kw)
+            totals["cached"][r] += time.perf_counter() - start
+            how = a.attrs["how"]
+            assert how["engine"] == "cached", how
+            rows = how["batch_size"] * args.samples * max(1, T // 2)  # a batch's rows x positions
+            bound = exact_seconds(model, vs, T, args.samples, rows)  # measured after the run
+            totals["bound"][r] += bound["seconds"]
         totals["work"] += how["block_positions"]
         totals["naive_work"] += how["naive_block_positions"]
         if args.naive:
@@ -123,12 +131,17 @@ def main() -> None:
             totals["naive"] += time.perf_counter() - start
             off = float((a["p_target"] - b["p_target"]).abs().max())
             print(f"{it['fact'].prompt!r}: {T} tokens, cached = naive to {off:.1e}")
-        print(f"  exact work {bound['matmul_gflop']:.1f} GFLOP, {bound['elementwise_gb']:.2f} GB "
-              f"element-wise; rates {bound['rates_gflops']} GFLOP/s")
-    c, nv, b = totals["cached"], totals["naive"], totals["bound"]
+        print(f"  exact work {bound['matmul_gflop']:.1f} GFLOP ({bound['matmul_s']:.1f} s), "
+              f"{bound['elementwise_gb']:.2f} GB element-wise ({bound['elementwise_s']:.1f} s at "
+              f"{bound['copy_gb_s']} GB/s); rates {bound['rates_gflops']} GFLOP/s")
+    ratios = sorted(c / b for c, b in zip(totals["cached"], totals["bound"], strict=True))
+    c, b, nv = totals["cached"][-1], totals["bound"][-1], totals["naive"]
     print(f"{len(items)} facts, {args.samples} samples, 3 kinds: cached {c:.1f} s, exact-work "
-          f"bound {b:.1f} s (cached / bound {c / b:.2f})" + (
-              f", naive {nv:.1f} s (naive / cached {nv / c:.2f})" if args.naive else ""))
+          f"bound {b:.1f} s (cached / bound, each rep: "
+          + ", ".join(f"{x / y:.2f}" for x, y in zip(totals["cached"], totals["bound"],
+                                                     strict=True))
+          + f"; median {ratios[len(ratios) // 2]:.2f})"
+          + (f", naive {nv:.1f} s (naive / cached {nv / c:.2f})" if args.naive else ""))
     print(f"block-positions: cached {totals['work']:,}, naive {totals['naive_work']:,} "
           f"({totals['naive_work'] / totals['work']:.2f}x), before the naive loop's "
           "unembedding of every position")
