@@ -113,7 +113,7 @@ class LlamaParts:
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln2(x)
         gate, up = products(self, ("gate", "up"), h)
-        return self.down(self.act(gate) * up)  # SwiGLU: (B, T, d_model)
+        return self.down(self.act(gate).mul_(up))  # SwiGLU, in the activation's own output
 
 
 class NeoXParts:

@@ -215,10 +215,10 @@ class Resume:
                                            enable_gqa=k.shape[1] != q.shape[1])
         z = edit("attn.hook_z", z.transpose(1, 2).contiguous())  # (B, Tq, n_heads, d_head)
         a = edit("hook_attn_out", p.o(z.reshape(B, Tq, -1)))  # (B, Tq, d_model)
-        if p.parallel:
-            return x + a + edit("hook_mlp_out", p.mlp_write(x))
-        mid = edit("hook_resid_mid", x + a)
-        return mid + edit("hook_mlp_out", p.mlp_write(mid))
+        if p.parallel:  # the sums in the outputs of attention and the MLP, fresh here
+            return a.add_(x).add_(edit("hook_mlp_out", p.mlp_write(x)))
+        mid = edit("hook_resid_mid", a.add_(x))
+        return edit("hook_mlp_out", p.mlp_write(mid)).add_(mid)
 
 
 def _allowed(ctx, start: int, T: int, device) -> torch.Tensor:
