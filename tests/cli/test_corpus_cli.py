@@ -151,7 +151,7 @@ def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
     importance's sum and the curves join to the single-process CSVs (torchrun is tested
     here once: ablate's ranks join through the same scoring.gather_units and parallel.total);
     rank 0 alone writes."""
-    args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 5, "--step", 4,
+    args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 3, "--step", 4,
             "--bootstrap", 50, "--no-plot", "-q"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as torchrun runs each rank: the same kernels, the same floats
