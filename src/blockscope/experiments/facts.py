@@ -109,12 +109,19 @@ def prepared(model, facts: list[Fact], prepend_bos: bool) -> list[dict]:
 def averaged(per_fact: pd.DataFrame, keys: list[str], value: str, n_boot: int = 1000,
              seed: int = 0) -> pd.DataFrame:
     """Mean of `value` per `keys` over facts (each fact's cell first averaged over its
-    positions), with a 95% percentile bootstrap interval over facts and the count."""
+    positions), with a 95% percentile bootstrap interval over facts and the count. A cell
+    only some facts have (a category such as "further") is averaged, in each resample of
+    the facts, over the drawn facts that have it; a resample that draws none of them is
+    left out of that cell's interval."""
     cells = per_fact.groupby(["fact", *keys], sort=False)[value].mean().reset_index()
     grid = cells.pivot_table(index="fact", columns=keys, values=value, sort=False)
     data = grid.to_numpy()  # (n_facts, cells), NaN where a fact lacks the category
     idx = np.random.default_rng(seed).integers(0, len(data), size=(n_boot, len(data)))
-    boot = np.nanmean(data[idx], axis=1) if n_boot else np.full((1, data.shape[1]), np.nan)
+    drawn = data[idx]  # (n_boot, n_facts, cells)
+    has = (~np.isnan(drawn)).sum(1)  # (n_boot, cells): drawn facts that have the cell
+    boot = np.where(has > 0, np.nansum(drawn, 1) / np.maximum(has, 1), np.nan)
+    if not n_boot:
+        boot = np.full((1, data.shape[1]), np.nan)
     out = grid.columns.to_frame(index=False)
     out[value] = np.nanmean(data, axis=0)
     out["ci_low"], out["ci_high"] = np.nanpercentile(boot, [2.5, 97.5], axis=0)
