@@ -15,6 +15,12 @@ gated activation, residual adds, the softmax over the keys) at the copy bandwidt
 by a large copy into a buffer already touched. The rates are measured again after each
 cached run (`--reps`), since this machine's speed drifts by a fifth within minutes: each
 rep's ratio is printed, and the median.
+
+`--split` then says where the cached sweep's time goes, in the same process: torch's
+profiler splits one cached run into its matrix products, its attention kernel and the rest
+(norms, rotary, the gated activation, indexing, copies); and the sweep's own sequence of
+products (every `F.linear` call, recorded with its input shape and weight) is replayed
+alone, set beside the same calls timed one shape at a time, hot.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from blockscope.experiments import facts as fx  # noqa: E402
 from blockscope.experiments import trace  # noqa: E402
@@ -91,6 +100,60 @@ def exact_seconds(model, variants, T: int, samples: int, rows: int) -> dict:
             "seconds": matmul + elem / gbs}
 
 
+class Linears(TorchFunctionMode):
+    """Records every `F.linear` call: (input shape, weight, bias)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            self.calls.append((tuple(args[0].shape), args[1], bias))
+        return func(*args, **kwargs)
+
+
+def split(run) -> dict:
+    """Seconds of one cached run (`run()`) by kind of op (torch's profiler, self CPU time),
+    and its products replayed alone in their order, and one shape at a time, hot."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    by = {"products": 0.0, "attention": 0.0, "rest": 0.0}
+    for e in prof.key_averages():
+        part = ("products" if e.key in ("aten::mm", "aten::addmm", "aten::bmm") else
+                "attention" if "scaled_dot_product" in e.key else "rest")
+        by[part] += e.self_cpu_time_total / 1e6
+    with Linears() as rec:
+        run()
+    with torch.inference_mode():
+        size = {}  # one random buffer per input width, each call's input a view of it
+        for shape, _, _ in rec.calls:
+            size[shape[-1]] = max(size.get(shape[-1], 0), torch.Size(shape).numel())
+        buf = {k: torch.randn(n) for k, n in size.items()}
+        inputs = {shape: buf[shape[-1]][: torch.Size(shape).numel()].view(shape)
+                  for shape, _, _ in rec.calls}
+        start = time.perf_counter()
+        for shape, w, b in rec.calls:
+            F.linear(inputs[shape], w, b)
+        replayed = time.perf_counter() - start
+        hot = {}
+        for shape, w, b in rec.calls:
+            key = (shape, id(w))
+            if key not in hot:
+                F.linear(inputs[shape], w, b)
+                start = time.perf_counter()
+                for _ in range(3):
+                    F.linear(inputs[shape], w, b)
+                hot[key] = (time.perf_counter() - start) / 3
+    return {"run_s": total, **{f"{k}_s": v for k, v in by.items()}, "replayed_s": replayed,
+            "hot_s": sum(hot[(shape, id(w))] for shape, w, _ in rec.calls),
+            "calls": len(rec.calls)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -100,6 +163,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--reps", type=int, default=1, help="cached runs, each with its bound")
     ap.add_argument("--naive", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--split", action="store_true",
+                    help="then where the first fact's cached time goes (profiler, products alone)")
     args = ap.parse_args()
     model = load_model(spec_for(args.model, device="cpu"))
     facts = fx.read_facts(fx.BUILTIN)
@@ -145,6 +210,14 @@ def main() -> None:
     print(f"block-positions: cached {totals['work']:,}, naive {totals['naive_work']:,} "
           f"({totals['naive_work'] / totals['work']:.2f}x), before the naive loop's "
           "unembedding of every position")
+    if args.split:
+        it = items[0]
+        sp = split(lambda: trace.trace(model, it["tokens"], it["span"], target=it["target"],
+                                       samples=args.samples))
+        print(f"split of one cached run of the first fact ({sp['run_s']:.1f} s profiled): "
+              f"products {sp['products_s']:.1f} s, attention {sp['attention_s']:.1f} s, "
+              f"the rest {sp['rest_s']:.1f} s; its {sp['calls']:,} products replayed alone "
+              f"{sp['replayed_s']:.1f} s, one shape at a time hot {sp['hot_s']:.1f} s")
 
 
 if __name__ == "__main__":
