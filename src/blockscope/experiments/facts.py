@@ -116,12 +116,12 @@ def averaged(per_fact: pd.DataFrame, keys: list[str], value: str, n_boot: int = 
     cells = per_fact.groupby(["fact", *keys], sort=False)[value].mean().reset_index()
     grid = cells.pivot_table(index="fact", columns=keys, values=value, sort=False)
     data = grid.to_numpy()  # (n_facts, cells), NaN where a fact lacks the category
-    idx = np.random.default_rng(seed).integers(0, len(data), size=(n_boot, len(data)))
-    drawn = data[idx]  # (n_boot, n_facts, cells)
-    has = (~np.isnan(drawn)).sum(1)  # (n_boot, cells): drawn facts that have the cell
-    boot = np.where(has > 0, np.nansum(drawn, 1) / np.maximum(has, 1), np.nan)
-    if not n_boot:
-        boot = np.full((1, data.shape[1]), np.nan)
+    boot = np.full((1, data.shape[1]), np.nan)
+    if n_boot:
+        idx = np.random.default_rng(seed).integers(0, len(data), size=(n_boot, len(data)))
+        drawn = data[idx]  # (n_boot, n_facts, cells)
+        has = (~np.isnan(drawn)).sum(1)  # (n_boot, cells): drawn facts that have the cell
+        boot = np.where(has > 0, np.nansum(drawn, 1) / np.maximum(has, 1), np.nan)
     out = grid.columns.to_frame(index=False)
     out[value] = np.nanmean(data, axis=0)
     out["ci_low"], out["ci_high"] = np.nanpercentile(boot, [2.5, 97.5], axis=0)
