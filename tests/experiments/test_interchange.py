@@ -297,7 +297,9 @@ def test_knockout_is_refused_where_the_scores_hook_does_not_reach_the_softmax(tm
 
     d = save_checkpoint("gptj", tmp_path / "gptj")
     model = load_model(spec_for(str(d), device="cpu"))
-    with pytest.raises(BlockscopeError, match="cannot run on GPT-J"):
+    with pytest.raises(BlockscopeError, match="cannot run on GPT-J"), \
+            warnings.catch_warnings():  # the refusal is the one line a user sees
+        warnings.simplefilter("error")
         knockout_exp.knockout(model, CLEAN, SPAN, target=5, window=1, bos=True)
 
 

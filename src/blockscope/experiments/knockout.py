@@ -12,6 +12,8 @@ says nothing about where the fact moves.
 
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 import torch
 
@@ -83,7 +85,10 @@ def check_reaches_softmax(model, tokens: torch.Tensor, v: Variant) -> None:
         seen["p"] = pattern.detach()
 
     hooks = edit_hooks(v.edits, 1, {}) + [(f"blocks.{e.site.layer}.attn.hook_pattern", keep)]
-    with torch.inference_mode(), applied(model, hooks):
+    with torch.inference_mode(), applied(model, hooks), warnings.catch_warnings():
+        # TransformerLens warns that the edit is discarded; the refusal below says so in
+        # one line, so its multi-line warning would only repeat it on the user's stderr
+        warnings.filterwarnings("ignore", message="A hook on attn.hook_attn_scores returned")
         model(tokens.to(model.cfg.device), return_type="logits")
     left = float(seen["p"][0][e.site.index()].abs().max()) if "p" in seen else float("nan")
     if not left == 0.0:
