@@ -292,12 +292,15 @@ def test_fact_averages_and_intervals_equal_a_direct_resampling():
         assert r.n_facts == len(each) == (2 if r.category == "c" else 6)
 
 
-def test_knockout_is_refused_where_the_scores_hook_does_not_reach_the_softmax(tmp_path):
+@pytest.mark.parametrize("family, name", [("gptj", "GPT-J"), ("gpt_neo", "GPT-Neo"),
+                                          ("opt", "OPT")])
+def test_knockout_is_refused_where_the_scores_hook_does_not_reach_the_softmax(tmp_path, family,
+                                                                             name):
     from blockscope.errors import BlockscopeError
 
-    d = save_checkpoint("gptj", tmp_path / "gptj")
+    d = save_checkpoint(family, tmp_path / family)
     model = load_model(spec_for(str(d), device="cpu"))
-    with pytest.raises(BlockscopeError, match="cannot run on GPT-J"), \
+    with pytest.raises(BlockscopeError, match=f"cannot run on {name}:"), \
             warnings.catch_warnings():  # the refusal is the one line a user sees
         warnings.simplefilter("error")
         knockout_exp.knockout(model, CLEAN, SPAN, target=5, window=1, bos=True)

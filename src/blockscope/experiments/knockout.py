@@ -88,7 +88,7 @@ def check_reaches_softmax(model, tokens: torch.Tensor, v: Variant) -> None:
     with torch.inference_mode(), applied(model, hooks), warnings.catch_warnings():
         # TransformerLens warns that the edit is discarded; the refusal below says so in
         # one line, so its multi-line warning would only repeat it on the user's stderr
-        warnings.filterwarnings("ignore", message="A hook on attn.hook_attn_scores returned")
+        warnings.filterwarnings("ignore", message=r"A hook on \S*hook_attn_scores returned")
         model(tokens.to(model.cfg.device), return_type="logits")
     left = float(seen["p"][0][e.site.index()].abs().max()) if "p" in seen else float("nan")
     if not left == 0.0:
