@@ -79,9 +79,10 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
         out: list = [None] * len(variants)
         work = 0
         for group in _groups(variants, r.max_rows(variants, batch_size)):
-            logits = r.run([variants[i] for i in group])
-            for i, lg in zip(group, logits, strict=True):
-                out[i] = metric(lg).cpu()
+            logits, rows = r.run([variants[i] for i in group])
+            for i, idx in zip(group, rows, strict=True):
+                lg = logits[idx]  # (S, d_vocab); a view where the rows are consecutive
+                out[i] = metric(lg).cpu()  # a variant at a time: its rows stay in cache
                 if i in firsts.values():
                     off = selfcheck._rel(lg, naive_logits(variants[i]))
                     if off > tol:
@@ -152,11 +153,12 @@ class Resume:
                            lambda j, x, keys, mid: self.block(j, x, 0, keys, unchanged))
         return x
 
-    def run(self, variants: Sequence[Variant]) -> list[torch.Tensor]:
-        """The last position's logits (S, d_vocab) of each variant (one start position),
-        through the one resume loop (`loop.resume`): rows (variant, sample) join at the
-        variant's first changed block, from the base run's input to it at positions start..;
-        its edits are written by the blocks as the stream goes by."""
+    def run(self, variants: Sequence[Variant]) -> tuple[torch.Tensor, list]:
+        """The last position's logits (B, d_vocab) of every row, and each variant's rows (its
+        S samples: a slice where they are consecutive, as they join), for variants of one
+        start position, through the one resume loop (`loop.resume`): rows (variant, sample)
+        join at the variant's first changed block, from the base run's input to it at
+        positions start..; its edits are written by the blocks as the stream goes by."""
         start = entry(variants[0])[1]
         firsts = [entry(v)[0] for v in variants]
         todo: dict = {}  # (block step, point) -> [(edit, its variant's first row)]
@@ -191,8 +193,11 @@ class Resume:
         x = edits(n)("hook_resid_post", x)  # the last block's output
         final = x[:, -1:]  # (B, 1, d_model): the metric reads the last position
         logits = self.model.unembed(self.model.ln_final(final))[:, 0].float()
-        return [logits[[r for r, (i, _) in enumerate(keys) if i == k]]
-                for k in range(len(variants))]
+        rows: list[list[int]] = [[] for _ in variants]
+        for r, (i, _) in enumerate(keys):
+            rows[i].append(r)
+        return logits, [slice(r[0], r[-1] + 1) if r == list(range(r[0], r[-1] + 1)) else r
+                        for r in rows]
 
     def block(self, j: int, x: torch.Tensor, start: int, rows, edit) -> torch.Tensor:
         """Block j on the stream x (B, Tq, d_model) at positions start.., the base run's
