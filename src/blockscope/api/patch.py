@@ -74,8 +74,11 @@ def patch(o: PatchOptions) -> None:
         df = experiment.patch(lm, run.tokens, run.other, target=target, contrast=contrast,
                               sites=o.sites, settings=o.sweep.settings().reporting(tick))
     metric = df.attrs["metric"]
-    what = f"logit({o.target!r}) - logit({o.contrast!r})" if o.contrast else \
-        f"log P({o.target!r})"
+    from blockscope.inputs.text import visible
+
+    # tokens as the tables show them (␠Paris): a quoted ' Paris' wraps at its own space
+    what = f"logit({visible(o.target)}) - logit({visible(o.contrast)})" if o.contrast else \
+        f"log_prob({visible(o.target)})"
     if not o.out.quiet:
         render(df, run.spec.label, what)
     meta = run.meta("patch", o.prepend_bos, started, corrupted=o.corrupted,
