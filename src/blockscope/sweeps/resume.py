@@ -81,7 +81,7 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
         for group in _groups(variants, r.max_rows(variants, batch_size)):
             logits, rows = r.run([variants[i] for i in group])
             for i, idx in zip(group, rows, strict=True):
-                lg = logits[idx]  # (S, d_vocab); a view where the rows are consecutive
+                lg = logits[idx]  # (S, d_vocab): a view
                 out[i] = metric(lg).cpu()  # a variant at a time: its rows stay in cache
                 if i in firsts.values():
                     off = selfcheck._rel(lg, naive_logits(variants[i]))
@@ -154,14 +154,15 @@ class Resume:
         return x
 
     def run(self, variants: Sequence[Variant]) -> tuple[torch.Tensor, list]:
-        """The last position's logits (B, d_vocab) of every row, and each variant's rows (its
-        S samples: a slice where they are consecutive, as they join), for variants of one
-        start position, through the one resume loop (`loop.resume`): rows (variant, sample)
-        join at the variant's first changed block, from the base run's input to it at
-        positions start..; its edits are written by the blocks as the stream goes by."""
+        """The last position's logits (B, d_vocab) of every row, and each variant's rows (a
+        slice: its S samples, consecutive as they join), for variants of one start position,
+        through the one resume loop (`loop.resume`): rows (variant, sample) join at the
+        variant's first changed block, from the base run's input to it at positions start..;
+        its edits are written by the blocks as the stream goes by."""
         start = entry(variants[0])[1]
         firsts = [entry(v)[0] for v in variants]
         todo: dict = {}  # (block step, point) -> [(edit, its variant's first row)]
+        rows: list = [None] * len(variants)  # each variant's rows, as its edits write them
 
         def entering(j, mid, keys):
             joining = [i for i, e in enumerate(firsts) if e == j and not mid]
@@ -171,6 +172,7 @@ class Resume:
             for i in joining:
                 first = len(keys) + len(new)  # its samples' rows: first, first + 1, ...
                 new += [(i, s) for s in range(self.samples)]
+                rows[i] = slice(first, first + self.samples)
                 for e in variants[i].edits:
                     todo.setdefault((stage(e), e.site.point), []).append((e, first))
             return new, self.kept.pre[j][:, start:].repeat(len(joining), 1, 1)  # (k S, Tq, d)
@@ -189,15 +191,11 @@ class Resume:
             return self.block(j, edit("hook_resid_post", x), start, keys, edit)
 
         n = len(self.plain)
-        x, keys = loop.resume(n, min(firsts), entering, step)
+        x, _ = loop.resume(n, min(firsts), entering, step)
         x = edits(n)("hook_resid_post", x)  # the last block's output
         final = x[:, -1:]  # (B, 1, d_model): the metric reads the last position
         logits = self.model.unembed(self.model.ln_final(final))[:, 0].float()
-        rows: list[list[int]] = [[] for _ in variants]
-        for r, (i, _) in enumerate(keys):
-            rows[i].append(r)
-        return logits, [slice(r[0], r[-1] + 1) if r == list(range(r[0], r[-1] + 1)) else r
-                        for r in rows]
+        return logits, rows
 
     def block(self, j: int, x: torch.Tensor, start: int, rows, edit) -> torch.Tensor:
         """Block j on the stream x (B, Tq, d_model) at positions start.., the base run's
