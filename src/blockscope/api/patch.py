@@ -74,13 +74,8 @@ def patch(o: PatchOptions) -> None:
         df = experiment.patch(lm, run.tokens, run.other, target=target, contrast=contrast,
                               sites=o.sites, settings=o.sweep.settings().reporting(tick))
     metric = df.attrs["metric"]
-    from blockscope.inputs.text import visible
-
-    # tokens as the tables show them (␠Paris): a quoted ' Paris' wraps at its own space
-    what = f"logit({visible(o.target)}) - logit({visible(o.contrast)})" if o.contrast else \
-        f"log_prob({visible(o.target)})"
     if not o.out.quiet:
-        render(df, run.spec.label, what)
+        render(df, run.spec.label, o.target, o.contrast)
     meta = run.meta("patch", o.prepend_bos, started, corrupted=o.corrupted,
                     corrupted_tokens=run.other[0].tolist(), target=o.target,
                     contrast=o.contrast, sites=o.sites, metric=metric,
@@ -96,9 +91,13 @@ def patch(o: PatchOptions) -> None:
     write(o, stem, {"": df}, meta, extra=extra)
 
 
-def render(df, label: str, what: str) -> None:
+def render(df, label: str, target: str, contrast: str | None) -> None:
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
+
+    # tokens as the tables show them (␠Paris): a quoted ' Paris' wraps at its own space
+    what = f"logit({visible(target)}) - logit({visible(contrast)})" if contrast else \
+        f"log_prob({visible(target)})"
 
     top = df.reindex(df["normalized"].abs().sort_values(ascending=False).index).head(10)
     shown = top.assign(where=[f"{r.site} L{r.layer} " + (f"head {r.head}" if r.site == "z" else
