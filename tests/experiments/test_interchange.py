@@ -205,6 +205,38 @@ def test_a_resume_from_the_wrong_position_falls_back_loudly(pair, monkeypatch):
     assert (slipped.values == naive.values).all()
 
 
+@pytest.mark.parametrize("unembedding", ["a bias of random values", "a hook on its input"])
+def test_the_cached_engine_unembeds_as_the_bridge_with_a_bias_or_a_hook(pair, unembedding):
+    """The resume writes the unembedding's product into a held buffer, adding the bias only
+    where it is not zeros; with a hook it calls the bridge. Either way it equals the naive
+    loop (the model's own forward), and the self-check does not fall back."""
+    model, _ = pair
+    linear = model.unembed.original_component
+    before = linear.bias.detach().clone()  # the bridge's zeros, where the checkpoint has none
+    vs = [v for v in patch_exp.variants(model.cfg.n_layers, model.cfg.n_heads, 6, ["mlp-out"])
+          if v.label["position"] >= 4]
+    metric = LogitDiff(TARGET, CONTRAST)
+    gen = torch.Generator().manual_seed(0)
+    bias = torch.randn(linear.out_features, generator=gen)
+    try:
+        if unembedding.startswith("a bias"):
+            linear.bias.data.copy_(bias)
+        else:
+            model.unembed.hook_in.add_hook(lambda t, hook: t * 1.5)
+        got = {e: sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric,
+                        settings=RunSettings(engine=e)) for e in ("cached", "naive")}
+    finally:
+        linear.bias.data.copy_(before)
+        model.unembed.hook_in.remove_hooks()
+    assert got["cached"].how["engine"] == "cached", got["cached"].how
+    plain = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric,
+                  settings=RunSettings(engine="naive"))
+    assert not torch.allclose(torch.as_tensor(plain.values), torch.as_tensor(
+        got["naive"].values)), "the bias or hook changed nothing: the test would see no slip"
+    assert torch.allclose(torch.as_tensor(got["cached"].values),
+                          torch.as_tensor(got["naive"].values), rtol=0, atol=1e-4)
+
+
 def test_the_cached_engine_runs_less_than_the_naive_loop(pair):
     model, _ = pair
     df = trace_exp.trace(model, CLEAN, SPAN, target=TARGET, samples=2, kinds=["resid"])
