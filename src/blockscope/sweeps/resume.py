@@ -205,7 +205,7 @@ class Resume:
         fresh pages from the system at every batch and its bias copy ran at a tenth of the
         copy bandwidth. A bias of zeros (the bridge's, where the checkpoint has none) is not
         added. Else the bridge's own call, hooks and all."""
-        linear = unembed._linear(self.model)
+        linear = unembed.linear_of(self.model)
         if linear is None:
             return self.model.unembed(h[:, None])[:, 0].float()
         if self._logits is None or self._logits.shape[0] < h.shape[0]:

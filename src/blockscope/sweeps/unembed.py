@@ -73,7 +73,7 @@ class Reference:
     mean_w: torch.Tensor | None  # (n, d_model) float64 E_{p_clean}[W_v]; None with a softcap
 
 
-def _linear(model):
+def linear_of(model):
     """The unembedding's nn.Linear, or None where it cannot be read directly (hooked)."""
     unembed = model.unembed
     linear = getattr(unembed, "original_component", None)
@@ -88,7 +88,7 @@ def reference(model, x: torch.Tensor, w: Window, softcap: float | None = None
     """The clean distribution at window `w`'s scored positions from its final residual x
     (1, T, d_model); None where the unembedding is hooked (the engine then reports no KL:
     NaN)."""
-    linear = _linear(model)
+    linear = linear_of(model)
     if linear is None:
         return None
     with torch.inference_mode():
@@ -122,7 +122,7 @@ def clean_nll(model, ref: Reference, chunk: torch.Tensor, w: Window,
               softcap: float | None = None) -> torch.Tensor:
     """The clean NLL (n_scored,) from its own Reference: lse - the target's logit (the
     logsumexp pass the Reference made is the only one)."""
-    linear = _linear(model)
+    linear = linear_of(model)
     return ref.lse - _target_logits(ref.h, linear.weight, linear.bias, chunk[0, w.offset:],
                                     softcap).double()
 
@@ -134,7 +134,7 @@ def kl_given_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window, nll: to
     (no pass over the vocabulary); with a softcap, `final_nll` again."""
     if ref.mean_w is None:
         return final_nll(model, x, chunk, w, softcap, ref)[1][0]
-    linear = _linear(model)
+    linear = linear_of(model)
     h = model.ln_final(x)[0, w.offset - 1 : -1]  # (n, d_model)
     lse = nll.double() + _target_logits(h, linear.weight, linear.bias, chunk[0, w.offset:],
                                         None).double()
@@ -156,7 +156,7 @@ def final_nll(model, x: torch.Tensor, chunk: torch.Tensor, w: Window,
 
     With `ref` (the clean distribution, `reference`): (NLL, KL from it), both (B, n_scored)."""
     normed = model.ln_final(x)  # (B, T, d_model)
-    linear = _linear(model)
+    linear = linear_of(model)
     if linear is None:
         logits = [softcapped(model.unembed(n[None])[0], softcap) for n in normed]
         nll = torch.stack([nll_from_logits(g, chunk, w) for g in logits])
