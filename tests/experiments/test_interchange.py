@@ -237,6 +237,24 @@ def test_the_cached_engine_unembeds_as_the_bridge_with_a_bias_or_a_hook(pair, un
                           torch.as_tensor(got["naive"].values), rtol=0, atol=1e-4)
 
 
+def test_the_resume_counts_its_held_logits_in_the_batch_budget(pair, monkeypatch):
+    """A batch's logits (rows x d_vocab, held for the sweep) fit the engine's budget, and a
+    batch cut to fit gives the same cells."""
+    from blockscope.sweeps import engine
+
+    model, _ = pair
+    S = 2
+    kw = dict(target=TARGET, samples=S, kinds=["resid"])
+    whole = trace_exp.trace(model, CLEAN, SPAN, **kw)
+    budget = 3 * S * 4 * model.cfg.d_vocab  # three variants' logits, and no room for more
+    monkeypatch.setattr(engine, "BUDGET_BYTES", budget)
+    cut = trace_exp.trace(model, CLEAN, SPAN, **kw)
+    assert cut.attrs["how"]["engine"] == "cached"
+    assert 1 <= cut.attrs["how"]["batch_size"] < 3 < whole.attrs["how"]["batch_size"]
+    assert torch.allclose(torch.as_tensor(cut["p_target"].to_numpy()),
+                          torch.as_tensor(whole["p_target"].to_numpy()), rtol=0, atol=1e-6)
+
+
 def test_the_cached_engine_runs_less_than_the_naive_loop(pair):
     model, _ = pair
     df = trace_exp.trace(model, CLEAN, SPAN, target=TARGET, samples=2, kinds=["resid"])

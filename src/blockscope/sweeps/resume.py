@@ -127,11 +127,12 @@ class Resume:
 
     def max_rows(self, variants: Sequence[Variant], batch_size: int | None) -> int:
         """Variants per batch: `batch_size`, or as many as keep a batch near the engine's
-        activation budget."""
+        activation budget: a row's block activations, and its logits (held for the sweep:
+        `last_logits`)."""
         if batch_size:
             return batch_size
         cfg, T = self.model.cfg, self.kept.pre[0].shape[1]
-        per_row = 4 * T * (3 * cfg.n_heads * T + 2 * cfg.d_mlp + 6 * cfg.d_model)
+        per_row = 4 * T * (3 * cfg.n_heads * T + 2 * cfg.d_mlp + 6 * cfg.d_model) + 4 * cfg.d_vocab
         return max(1, min(256, engine.BUDGET_BYTES // max(1, per_row * self.samples)))
 
     def work(self, v: Variant) -> int:
