@@ -13,7 +13,7 @@ from blockscope.experiments import patch as patch_exp
 from blockscope.experiments import trace as trace_exp
 from blockscope.interventions.interchange import Edit, Site
 from blockscope.model.loading import load_model, spec_for
-from blockscope.sweeps import resume
+from blockscope.sweeps import engine, resume
 from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import LogitDiff
 from blockscope.sweeps.settings import RunSettings
@@ -240,8 +240,6 @@ def test_the_cached_engine_unembeds_as_the_bridge_with_a_bias_or_a_hook(pair, un
 def test_the_resume_counts_its_held_logits_in_the_batch_budget(pair, monkeypatch):
     """A batch's logits (rows x d_vocab, held for the sweep) fit the engine's budget, and a
     batch cut to fit gives the same cells."""
-    from blockscope.sweeps import engine
-
     model, _ = pair
     S = 2
     kw = dict(target=TARGET, samples=S, kinds=["resid"])
