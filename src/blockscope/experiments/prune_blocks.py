@@ -57,19 +57,26 @@ def check_orders(orders) -> None:
 
 class WindowDistance:
     """Accumulates mean_t arccos(cos(x_l, x_{l+n}))/pi for every pair of block inputs
-    (pre[l], pre[l+n]) over windows: `table[l, l+n]`, n >= 1 (Gromov et al.'s distance)."""
+    (pre[l], pre[l+n]) over windows: `table[l, l+n]`, n >= 1 (Gromov et al.'s distance),
+    per document (`add(index, clean)`), joined in corpus order (`_joined`)."""
 
     def __init__(self, n_layers: int):
-        self.sums = torch.zeros(n_layers + 1, n_layers + 1, dtype=torch.float64)
+        self.n_layers = n_layers
+        self.parts: dict[int, dict[str, torch.Tensor]] = {}  # document -> its sums
+        self.sums = None  # the totals, once joined
         self.count = 0
 
-    def add(self, clean) -> None:
+    def add(self, index: int, clean) -> None:
         lo = clean.window.offset  # the positions this window scores for the first time
         x = torch.stack([p[0, lo:].double() for p in clean.pre])  # (L+1, n, d_model)
         x = torch.nn.functional.normalize(x, dim=-1)
         cos = torch.einsum("and,bnd->abn", x, x).clamp(-1, 1)  # (L+1, L+1, n)
-        self.sums += (torch.arccos(cos) / math.pi).sum(-1).cpu()
-        self.count += x.shape[1]
+        L = self.n_layers
+        sums = self.parts.setdefault(index, {
+            "sums": torch.zeros(L + 1, L + 1, dtype=torch.float64),
+            "count": torch.zeros((), dtype=torch.float64)})
+        sums["sums"] += (torch.arccos(cos) / math.pi).sum(-1).cpu()
+        sums["count"] += x.shape[1]
 
     def best(self, n: int) -> tuple[int, float]:
         """(first block, distance) of the n-block window with the smallest distance."""
@@ -110,9 +117,9 @@ def block_curve(
     progress, quiet = settings.progress, settings.quiet()  # this curve reports per step
     similarity, windows = BlockSimilarity(L), WindowDistance(L)
 
-    def seen(clean):
-        similarity.add(clean)
-        windows.add(clean)
+    def seen(index, clean):
+        similarity.add(index, clean)
+        windows.add(index, clean)
 
     kw = dict(settings=quiet, prepared=prepared)
     base = scoring.scores(model, docs, [], on_clean=seen, **kw)
@@ -199,9 +206,8 @@ def _curve(order, base, steps, scores, per, total, ci) -> pd.DataFrame:
 def _joined(w: WindowDistance, comm) -> WindowDistance:
     from blockscope.inputs.parallel import total
 
-    parts = total(comm, {"sums": w.sums, "count": torch.tensor(float(w.count),
-                                                                 dtype=torch.float64)})
-    out = WindowDistance(w.sums.shape[0] - 1)
+    parts = total(comm, sorted(w.parts.items()))
+    out = WindowDistance(w.n_layers)
     out.sums, out.count = parts["sums"], float(parts["count"])
     return out
 

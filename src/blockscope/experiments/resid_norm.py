@@ -70,25 +70,25 @@ def norm_distribution(model, tokens, *, stride: int | None = None) -> pd.DataFra
     import numpy as np
 
     from blockscope.inputs.corpus import as_docs
+    from blockscope.inputs.parallel import in_order
     from blockscope.sweeps.clean import drop_patterns
     from blockscope.sweeps.naive import model_windows
 
     docs = as_docs(tokens)
     points = stream_points(layout(model), model.cfg.n_layers)
     names = {name for name, _, _ in points}
-    norms = []  # per window: (n_points, n_new) float32
+    norms = []  # per window: (document, (n_points, n_new) float32)
     with torch.inference_mode():
-        for ids in docs.ids:
+        for index, ids in zip(docs.index, docs.ids, strict=True):
             for w in model_windows(model, ids, stride):
                 chunk = ids[:, w.begin : w.end].to(model.cfg.device)
                 _, cache = model.run_with_cache(chunk, names_filter=names.__contains__)
                 lo = w.offset  # positions not read in an earlier window
-                norms.append(torch.stack([cache[name][0, lo:].float().norm(dim=-1)
-                                          for name, _, _ in points]).cpu())
+                norms.append((index, torch.stack([cache[name][0, lo:].float().norm(dim=-1)
+                                                  for name, _, _ in points]).cpu().numpy()))
                 del cache
                 drop_patterns(model)
-    mine = torch.cat(norms, dim=1).numpy() if norms else None
-    parts = [p for p in docs.comm.gather(mine) if p is not None]
+    parts = in_order(docs.comm, norms)  # corpus order (a stable sort keeps the windows')
     if not parts or sum(p.shape[1] for p in parts) == 0:
         raise BlockscopeError("no positions to measure: every document is a single token")
     every = np.concatenate(parts, axis=1)  # (n_points, n_tokens)

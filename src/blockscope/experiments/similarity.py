@@ -23,22 +23,29 @@ from blockscope.sweeps.clean import Clean
 
 
 class BlockSimilarity:
-    """Accumulates the per-token cosines of each block's input and output over windows."""
+    """Accumulates the per-token cosines of each block's input and output over windows,
+    per document (`add(index, clean)`), so that processes join their sums in corpus
+    order (`joined`)."""
 
     def __init__(self, n_layers: int, part: str = "block"):
         self.part = part
-        self.cos_sum = torch.zeros(n_layers, dtype=torch.float64)
-        self.angle_sum = torch.zeros(n_layers, dtype=torch.float64)
+        self.n_layers = n_layers
+        self.parts: dict[int, dict[str, torch.Tensor]] = {}  # document -> its sums
+        self.cos_sum = self.angle_sum = None  # the totals, once `joined`
         self.count = 0
 
-    def add(self, clean: Clean) -> None:
+    def add(self, index: int, clean: Clean) -> None:
         lo = clean.window.offset  # positions newly scored here
-        for k in range(len(self.cos_sum)):
+        sums = self.parts.setdefault(index, {
+            "cos": torch.zeros(self.n_layers, dtype=torch.float64),
+            "angle": torch.zeros(self.n_layers, dtype=torch.float64),
+            "count": torch.zeros((), dtype=torch.float64)})
+        for k in range(self.n_layers):
             x, y = (v[0, lo:].double() for v in self.pair(clean, k))
             cos = torch.nn.functional.cosine_similarity(x, y, dim=-1).clamp(-1, 1)  # (n,)
-            self.cos_sum[k] += cos.sum().cpu()
-            self.angle_sum[k] += (torch.arccos(cos) / math.pi).sum().cpu()
-        self.count += clean.pre[0].shape[1] - lo
+            sums["cos"][k] += cos.sum().cpu()
+            sums["angle"][k] += (torch.arccos(cos) / math.pi).sum().cpu()
+        sums["count"] += clean.pre[0].shape[1] - lo
 
     def pair(self, clean: Clean, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(what the removed part reads, what the stream holds after its write), (1, T, d)."""
@@ -51,12 +58,12 @@ class BlockSimilarity:
         return clean.pre[k], clean.pre[k] + write  # parallel: both halves read the input
 
     def joined(self, comm) -> BlockSimilarity:
-        """The sums of every process (`parallel.Comm`) in one."""
+        """The sums of every document of every process (`parallel.Comm`), added in corpus
+        order."""
         from blockscope.inputs.parallel import total
 
-        parts = total(comm, {"cos": self.cos_sum, "angle": self.angle_sum,
-                             "count": torch.tensor(float(self.count), dtype=torch.float64)})
-        out = BlockSimilarity(len(self.cos_sum), self.part)
+        parts = total(comm, sorted(self.parts.items()))
+        out = BlockSimilarity(self.n_layers, self.part)
         out.cos_sum, out.angle_sum, out.count = parts["cos"], parts["angle"], float(parts["count"])
         return out
 

@@ -65,6 +65,15 @@ class Docs:
     comm: Comm = field(default_factory=Comm)  # single process, or this rank of torchrun's
     record: dict = field(default_factory=dict)  # the corpus as the sidecar records it
 
+    @property
+    def single(self) -> bool:
+        """Whether the whole corpus, over every process, is one document (a passage is).
+        A choice of code path made on this, not on how many documents this process holds,
+        is the same on every rank as in one process."""
+        if self.comm.size == 1:
+            return len(self.ids) == 1
+        return self.record.get("n_docs", 1) == 1
+
 
 def as_docs(tokens) -> Docs:
     """`Docs` as given, or one passage `(1, pos)` as a single-document `Docs`."""

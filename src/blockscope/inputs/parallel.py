@@ -3,9 +3,10 @@
 Under `torchrun --nproc-per-node N` (WORLD_SIZE > 1 in the environment) `from_env` joins
 the process group (gloo on CPUs, NCCL on GPUs) and returns a `Comm` for it; otherwise the
 single-process `Comm`, whose collectives return their input. Documents go to ranks in turn
-(document i to rank i mod N), every rank gathers every rank's per-document sums, so all
-ranks compute the same table, and rank 0 alone writes it. This is the data-parallel pattern
-of lm-evaluation-harness under `accelerate launch`.
+(document i to rank i mod N), every rank gathers every rank's per-document parts, sorted by
+document and added in that order in float64 (`total`), so all ranks compute the same table,
+float for float the table one process computes, and rank 0 alone writes it. This is the
+data-parallel pattern of lm-evaluation-harness under `accelerate launch`.
 """
 
 from __future__ import annotations
@@ -49,15 +50,38 @@ class DistComm(Comm):
         return out
 
 
-def total(comm: Comm, value):
-    """`value` summed over all processes, in rank order: a number, a tensor or a dict of
-    tensors; a process with nothing to add passes None."""
-    parts = [p for p in comm.gather(value) if p is not None]
-    if not parts:
+def in_order(comm: Comm, parts: list[tuple[int, object]]) -> list:
+    """Every process's `(index, value)` parts (an index: a document's or a fact's place in
+    the corpus), their values in index order, on every process: the order one process
+    would have made them in, whatever the number of processes."""
+    gathered = [p for part in comm.gather(list(parts)) for p in part]
+    return [value for _, value in sorted(gathered, key=lambda p: p[0])]
+
+
+def total(comm: Comm, parts: list[tuple[int, object]]):
+    """The sum of every process's `(index, value)` parts (a number, a tensor or a dict of
+    tensors) in float64 on the CPU, added one by one in index order from zero: the same
+    floats from one process as from N ranks, since neither the grouping nor the order of
+    the additions depends on which rank holds which part. None when no process has a part."""
+    import torch
+
+    values = in_order(comm, parts)
+    if not values:
         return None
-    if isinstance(parts[0], dict):
-        return {k: sum(p[k] for p in parts) for k in parts[0]}
-    return sum(parts[1:], parts[0])
+
+    def f64(v):
+        return torch.as_tensor(v).detach().to("cpu", torch.float64)
+
+    if isinstance(values[0], dict):
+        out = {k: torch.zeros_like(f64(v)) for k, v in values[0].items()}
+        for v in values:
+            for k in out:
+                out[k] += f64(v[k])
+        return out
+    out = torch.zeros_like(f64(values[0]))
+    for v in values:
+        out += f64(v)
+    return out
 
 
 def world_size() -> int:

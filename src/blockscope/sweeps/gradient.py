@@ -37,18 +37,23 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     cfg = model.cfg
     keep = torch.ones(cfg.n_layers, cfg.n_heads) if keep is None else keep
     mask = keep.detach().clone().float().to(cfg.device).requires_grad_(True)
-    cleans = prepared.cleans if prepared is not None and len(docs.ids) == 1 else None
+    # the plain replay where the corpus is one document whose clean passes are held; the
+    # choice is the corpus's, not this rank's, so ranks and one process run the same floats
+    cleans = prepared.cleans if prepared is not None and docs.single else None
     lay = arch.layout(model)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)  # frozen weights: only the mask gets a gradient
-    # float64 on the CPU: the sum is the same whichever ranks' documents it gathers
-    summed, n_scored, units = torch.zeros(mask.shape, dtype=torch.float64), 0, []
+    # per document, in float64 on the CPU: joined in corpus order (`parallel.total`), the
+    # same sum whichever ranks' documents it gathers
+    grads, units = [], []
     how = {"replay": set(), "batch_size": 1}
     try:
         with torch.enable_grad():
             for index, ids in zip(docs.index, docs.ids, strict=True):
                 nlls = []
+                summed = torch.zeros(mask.shape, dtype=torch.float64)
+                n_scored = 0
                 for wi, w in enumerate(model_windows(model, ids, stride)):
                     plain = ran = None
                     final: list[torch.Tensor] = []  # what ln_final received, pass by pass
@@ -87,11 +92,11 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                         div = _kl(model, lay, ref, x, nll.detach())
                     nlls.append(torch.stack([nll.detach().double().cpu(), div]))
                 units += scoring.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
+                grads.append((index, {"grad": summed, "n": torch.tensor(float(n_scored))}))
     finally:
         for p in params:
             p.requires_grad_(True)
-    joined = total(docs.comm, {"grad": summed,
-                               "n": torch.tensor(float(n_scored), dtype=torch.float64)})
+    joined = total(docs.comm, grads)
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
     how["replay"] = "+".join(sorted(how["replay"], reverse=True))

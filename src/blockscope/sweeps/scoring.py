@@ -7,6 +7,7 @@ point; `run` falls back to the naive loop, loudly, when the engine's self-check 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -89,15 +90,17 @@ def prepare(model, tokens, settings: RunSettings = RunSettings(), *,
     if one and docs.comm.size == 1 and prepared.cleans and len(prepared.cleans) == 1:
         prepared.means = clean.cached_means(prepared.cleans[0], mean_names)
         return prepared
-    sums, count = {}, 0
-    for ids in docs.ids:
+    parts = []  # (document, its sums and count): added in corpus order, as one process
+    for index, ids in zip(docs.index, docs.ids, strict=True):
         _, s, n = clean_sums(model, ids, model_windows(model, ids, stride), mean_names)
-        sums = {k: sums.get(k, 0) + v for k, v in s.items()}
-        count += n
-    sums = total(docs.comm, sums or None)
-    count = total(docs.comm, count)
+        parts.append((index, {**s, COUNT: torch.tensor(float(n))}))
+    sums = total(docs.comm, parts)
+    count = sums.pop(COUNT)
     prepared.means = {k: (v / count).float() for k, v in sums.items()}
     return prepared
+
+
+COUNT = "\0count"  # the number of positions summed, beside the hook names' sums
 
 
 def _check_resample(model, docs) -> None:
@@ -180,7 +183,7 @@ def run(model, tokens, variants: Sequence[Variant], settings: RunSettings = RunS
 
 
 def scores(model, tokens, variants: Sequence[Variant], settings: RunSettings = RunSettings(),
-           *, prepared: Prepared, on_clean: Callable[[clean.Clean], None] | None = None
+           *, prepared: Prepared, on_clean: Callable[[int, clean.Clean], None] | None = None
            ) -> Scores:
     """The baseline's and each variant's NLL sums per unit, over every document of every
     process.
@@ -189,7 +192,8 @@ def scores(model, tokens, variants: Sequence[Variant], settings: RunSettings = R
     per unit (a document, or a 128-token chunk of one passage) only the NLL sums and token
     counts are kept, gathered across processes. If the engine's self-check fails on a
     document, that document is scored by the naive loop and `how["fallback"]` says why; the
-    numbers are then the reference's. `on_clean` sees every clean pass. The engine is the
+    numbers are then the reference's. `on_clean(index, clean)` sees every clean pass, with
+    its document's place in the corpus. The engine is the
     one `prepared` was made for; `settings` gives the stride, batch size and progress."""
     stride, progress = settings.stride, settings.progress
     docs = as_docs(tokens)
@@ -213,7 +217,8 @@ def scores(model, tokens, variants: Sequence[Variant], settings: RunSettings = R
         nlls, how = _score(model, ids, wins, here,
                            starts_of(here) if prepared.resample else starts, prepared,
                            settings if one else settings.quiet(), prepared_here=one,
-                           on_clean=on_clean, check=k == 0)
+                           on_clean=on_clean and functools.partial(on_clean, docs.index[k]),
+                           check=k == 0)
         units += doc_units(docs.index[k], torch.stack(nlls), docs.unit)
         hows.append(how)
         if not one:
