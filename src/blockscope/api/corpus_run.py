@@ -206,4 +206,4 @@ def run_settings(o) -> RunSettings:
     from blockscope.sweeps.stats import Bootstrap
 
     return o.sweep.settings(stride=o.window.stride, ci=Bootstrap(o.passage.bootstrap, o.seed),
-                            seed=o.seed)
+                            seed=o.seed, kept=o.out.partial)

@@ -119,7 +119,8 @@ def face(name: str):
             held = held_spec(model, tokenizer)
             given["model"] = held[1].name  # as the settings digest names it
         values = {n: default for n, _, default in options} | {
-            "out_dir": Path("results"), "quiet": True, "no_overwrite": False, "plot": True}
+            "out_dir": Path("results"), "quiet": True, "no_overwrite": False, "plot": True,
+            "fresh": False}
         for n, kind, _ in options:
             if n in given:
                 values[n] = _cast(n, kind, given[n])

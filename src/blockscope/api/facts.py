@@ -64,7 +64,7 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
                   f"{sum(i['known'] for i in items)})", highlight=False, soft_wrap=True)
     with progress_bar(err, len(kept), f"{name} over facts", not quiet) as tick:
         per_fact, avg = fx.over(kept, lambda t, s, g: run(lm, t, s, g), keys, value, tick,
-                                comm)
+                                comm, o.out.partial)
     record = {"facts": o.facts, "n_facts": len(facts), "n_known": sum(i["known"] for i in items),
               "n_used": len(kept), "all_facts": o.all_facts, "categories": list(fx.CATEGORIES),
               "interval": "95% percentile bootstrap over facts, 1000 resamples, seed 0",

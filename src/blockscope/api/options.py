@@ -135,6 +135,10 @@ NoOverwriteOpt = Annotated[bool, flag(
     "--no-overwrite", help="Refuse, before any work, if results of these exact settings are "
     "already in --out-dir (by default they are replaced, and that is said).")]
 PlotOpt = Annotated[bool, flag("--plot/--no-plot", help="Write a PNG beside the CSV.")]
+FreshOpt = Annotated[bool, flag(
+    "--fresh", help="Start over: drop the finished units (facts, documents) that an "
+    "interrupted run of these settings kept in --out-dir/.partial (by default the run "
+    "resumes from them).")]
 
 
 @dataclass
@@ -154,6 +158,10 @@ class Written(Options):
     out_dir: OutDirOpt = Path("results")
     quiet: QuietOpt = False
     no_overwrite: NoOverwriteOpt = False
+    fresh: FreshOpt = False
+    # not an option: the command line's store of finished units (`inputs.partial`), set
+    # before the command runs; None (the Python face) keeps nothing
+    partial = None
 
     def check(self) -> None:
         from blockscope.results.files import check_out_dir

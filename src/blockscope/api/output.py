@@ -14,7 +14,7 @@ from blockscope.api.result import Result, hand_over
 from blockscope.errors import BadValue
 
 # Options that change only how results are shown or where they go, never what is measured.
-OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite"}
+OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite", "fresh"}
 
 
 def settings_digest(o) -> str:
@@ -75,6 +75,19 @@ def refuse_overwrite(o) -> None:
         else []
     if found:
         raise BadValue(f"`no_overwrite`: results of these settings exist: {found[0]}")
+
+
+def partial_store(o):
+    """The store of finished units (`inputs.partial.Partial`) of this command and its
+    settings under --out-dir, started over with --fresh; None for a command that writes
+    nothing."""
+    from blockscope.inputs.partial import for_run
+
+    params = o.flat()
+    if "out_dir" not in params:
+        return None
+    return for_run(Path(params["out_dir"] or "results"), o.name, settings_digest(o),
+                   bool(params.get("fresh")))
 
 
 def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> Result:

@@ -74,6 +74,7 @@ def run(fn, cls, values: dict):
     from blockscope.inputs import parallel
 
     rank = parallel.env_rank()
+    partial = None
     try:
         if parallel.world_size() > 1 and cls.name not in DISTRIBUTED:
             raise BlockscopeError(f"{cls.name} runs in one process; under torchrun only "
@@ -81,10 +82,17 @@ def run(fn, cls, values: dict):
         o = build(cls, values)
         o.check_all()
         output.refuse_overwrite(o)
+        partial = output.partial_store(o)
+        if partial is not None:
+            o.out.partial = partial  # units finished are kept; a rerun resumes from them
         with collecting() as results:
             fn(o)
         for r in results:  # the command's results, saved where --out-dir says
+            if partial is not None and partial.passes:
+                r.meta["partial"] = partial.record()
             output.saved(r, Path(o.out.out_dir).expanduser(), o.out.quiet)
+        if partial is not None and rank == 0:
+            partial.discard()
     except BlockscopeError as exc:
         message = exc.as_flag() if hasattr(exc, "as_flag") else str(exc)
         if rank == 0:  # every process meets the same bad input: say it once
@@ -92,7 +100,9 @@ def run(fn, cls, values: dict):
         parallel.report_failure(f"error: {message}")
         raise typer.Exit(1)
     except KeyboardInterrupt:
-        err.print("interrupted: nothing was written", highlight=False)
+        if rank == 0:
+            err.print(partial.interrupted() if partial is not None
+                      else "interrupted: nothing was written", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     except (typer.Exit, typer.Abort):
         raise

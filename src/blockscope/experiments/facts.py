@@ -129,20 +129,26 @@ def averaged(per_fact: pd.DataFrame, keys: list[str], value: str, n_boot: int = 
     return out
 
 
-def over(items: list[dict], run, keys: list[str], value: str, progress=None, comm=None
-         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def over(items: list[dict], run, keys: list[str], value: str, progress=None, comm=None,
+         kept=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`run(tokens, span, target) -> DataFrame` on every fact: (every fact's rows with
     `fact` and, where rows have a position, its `category`; their average over facts by
     `keys`). Under torchrun (`comm`, `inputs.parallel`) fact k runs on rank k mod N, as
-    documents do, and every rank gathers every fact's rows: the same table as one process."""
+    documents do, and every rank gathers every fact's rows: the same table as one process.
+    With `kept` (`inputs.partial.Partial`) each fact's rows are kept as they finish, and
+    those an interrupted run kept are read back, not run again."""
     from blockscope.inputs.parallel import Comm
 
     comm = comm or Comm()
+    scope = kept.scope("facts", len(items)) if kept is not None else None
     frames = []
     for k, it in enumerate(items):
         if not comm.owns(k):
             continue
-        df = run(it["tokens"], it["span"], it["target"])
+        def one(it=it):
+            return run(it["tokens"], it["span"], it["target"])
+
+        df = one() if scope is None else scope.unit(k, one)
         df.insert(0, "fact", k)
         if "position" in df:
             n = it["tokens"].shape[-1]

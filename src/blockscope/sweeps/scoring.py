@@ -211,23 +211,45 @@ def scores(model, tokens, variants: Sequence[Variant], settings: RunSettings = R
     if progress and not one:
         progress(total=len(docs.ids))
     units, hows = [], []
+    # each document one unit of an interrupted run's kept work (`settings.kept`)
+    scope = settings.kept.scope("documents", len(docs.ids)) if settings.kept else None
     for k, ids in enumerate(docs.ids):
         wins = model_windows(model, ids, stride)
-        here = resampled(model, docs, k, variants, prepared)  # each document's own fills
-        nlls, how = _score(model, ids, wins, here,
-                           starts_of(here) if prepared.resample else starts, prepared,
-                           settings if one else settings.quiet(), prepared_here=one,
-                           on_clean=on_clean and functools.partial(on_clean, docs.index[k]),
-                           check=k == 0)
-        units += doc_units(docs.index[k], torch.stack(nlls), docs.unit)
+        seen = on_clean and functools.partial(on_clean, docs.index[k])
+
+        def score(k=k, ids=ids, wins=wins, seen=seen):
+            here = resampled(model, docs, k, variants, prepared)  # each document's own fills
+            nlls, how = _score(model, ids, wins, here,
+                               starts_of(here) if prepared.resample else starts, prepared,
+                               settings if one else settings.quiet(), prepared_here=one,
+                               on_clean=seen, check=k == 0)
+            return doc_units(docs.index[k], torch.stack(nlls), docs.unit), how
+
+        def again(ids=ids, wins=wins, seen=seen):
+            # a kept document: its scores are read back, its clean passes made again for
+            # `on_clean`, as the engine would have made them
+            for c in _cleans(model, ids, wins, prepared, starts is None, one) if seen else ():
+                seen(c)
+
+        doc, how = score() if scope is None else scope.unit(docs.index[k], score, again)
+        units += doc
         hows.append(how)
         if not one:
-            del nlls
             clean.drop_patterns(model)  # a naive forward's, sized by this document
             release()  # documents differ in length: keep the heap from fragmenting
         if progress and not one:
             progress()
     return gather_units(docs, units, hows, labels)
+
+
+def _cleans(model, ids, wins, prepared: Prepared, naive: bool, prepared_here: bool
+            ) -> list[clean.Clean]:
+    """One document's clean passes as `_score` makes them: the naive loop's reference
+    passes, or the cached engine's (the held ones where `prepared_here`)."""
+    if naive:
+        return prepared.reference if prepared_here else _reference(model, ids, wins)
+    return prepared.cleans if prepared_here else [
+        clean.clean_pass(model, ids, w, prepared.names) for w in wins]
 
 
 def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: RunSettings, *,
@@ -239,14 +261,13 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
     `check_variants`)."""
     progress = settings.progress
     if starts is None:
-        refs = prepared.reference if prepared_here else (
-            _reference(model, ids, wins) if on_clean else None)
+        refs = _cleans(model, ids, wins, prepared, True, prepared_here) if (
+            prepared_here or on_clean) else None
         for c in refs if on_clean else ():
             on_clean(c)
         return (naive_nlls(model, ids, variants, wins=wins, reference=refs,
                            progress=progress), {"replay": "naive", "batch_size": 1})
-    cleans = prepared.cleans if prepared_here else [clean.clean_pass(model, ids, w, prepared.names)
-                                             for w in wins]
+    cleans = _cleans(model, ids, wins, prepared, False, prepared_here)
     for c in cleans if on_clean else ():
         on_clean(c)
     try:

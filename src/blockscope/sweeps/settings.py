@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from blockscope.choices import Engine, one_of
 from blockscope.errors import BadValue
+from blockscope.inputs.partial import Partial
 from blockscope.sweeps.stats import Bootstrap
 from blockscope.sweeps.variant import Progress
 
@@ -28,6 +29,8 @@ class RunSettings:
     ci: Bootstrap | None = None  # bootstrap intervals over documents or chunks (None: none)
     seed: int = 0  # every random draw: resample partners, a random order, a trace's noise
     progress: Progress | None = field(default=None, compare=False)  # cb() per step done
+    kept: Partial | None = field(default=None, compare=False)  # where an interrupted run's
+    #   finished units are kept and read back (`inputs.partial`; None: nothing kept)
 
     def __post_init__(self):
         object.__setattr__(self, "engine", one_of(Engine, self.engine, "engine"))

@@ -1,0 +1,154 @@
+"""Long runs survive an interruption: each finished unit (a fact, a document) is kept under
+--out-dir/.partial as it finishes, and the same command run again computes only the rest,
+to the same CSVs byte for byte. The interrupted run is a real process, killed (SIGKILL) or
+interrupted (SIGINT) once some units are on disk; the reruns go through the CLI runner."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from blockscope.cli import app
+
+from ..builders import paragraphs, write_jsonl
+from ..conftest import result
+
+FACTS = [
+    ("The capital of France is", "France", " Paris"),
+    ("The capital of Italy is", "Italy", " Rome"),
+    ("The Eiffel Tower is in the city of", "Eiffel Tower", " Paris"),
+    ("The capital of Spain is", "Spain", " Madrid"),
+    ("Toyota is a company from", "Toyota", " Japan"),
+    ("The official language of Germany is", "Germany", " German"),
+]
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("resume") / "facts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "subject": s, "target": t}) + "\n"
+                            for p, s, t in FACTS), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    texts = [x[:200] for x in paragraphs() if x.strip()][:8]
+    return write_jsonl(tmp_path_factory.mktemp("resume-corpus") / "docs.jsonl", texts)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The interrupted process runs with one thread (OMP_NUM_THREADS=1, as `interrupted`
+    starts it), so the reruns here do too: the same kernels give the same floats."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cli(*args):
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def units(out_dir):
+    """The unit files kept under out_dir/.partial."""
+    return sorted((out_dir / ".partial").glob("*/*.pkl")) if (out_dir / ".partial").is_dir() \
+        else []
+
+
+def interrupted(args, out_dir, at_least: int, sig):
+    """Run `blockscope *args` as a process, send `sig` once `at_least` units are kept, and
+    return (its exit code, its stderr, the number of units on disk after it ended)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "blockscope", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while len(units(out_dir)) < at_least:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no unit was kept in time"
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr, len(units(out_dir))
+
+
+TRACE = ["trace", "--facts", "{facts}", "--all-facts", "--samples", 1, "--kind", "resid",
+         "--no-plot", "-q"]
+
+
+def trace_args(tiny_dir, facts, out_dir):
+    return [str(a).format(facts=facts) for a in TRACE] + ["--model", tiny_dir,
+                                                          "--out-dir", out_dir]
+
+
+def test_a_killed_trace_resumes_to_the_same_files(tiny_dir, tmp_path, facts):
+    n = len(FACTS)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    cli(*trace_args(tiny_dir, facts, whole))
+    code, _, k = interrupted(trace_args(tiny_dir, facts, part), part, 2, signal.SIGKILL)
+    assert code == -signal.SIGKILL and 2 <= k < n
+    assert not list(part.glob("*.csv"))  # nothing final was written
+    cli(*trace_args(tiny_dir, facts, part))
+    for name in ("trace-tiny-gpt2-facts.csv", "trace-tiny-gpt2-facts-per-fact.csv"):
+        assert result(part, name).read_bytes() == result(whole, name).read_bytes(), name
+    meta = json.loads(result(part, "trace-tiny-gpt2-facts.json").read_text())
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (n - k, k)
+    uninterrupted = json.loads(result(whole, "trace-tiny-gpt2-facts.json").read_text())
+    assert (uninterrupted["partial"]["computed"], uninterrupted["partial"]["reused"]) == (n, 0)
+    assert not (part / ".partial").exists()  # removed once the final files are written
+
+
+def test_ctrl_c_says_what_was_kept_and_exits_130(tiny_dir, tmp_path, facts):
+    out = tmp_path / "out"
+    code, stderr, k = interrupted(trace_args(tiny_dir, facts, out), out, 1, signal.SIGINT)
+    assert code == 130
+    assert not list(out.glob("*.csv"))
+    assert stderr.strip().splitlines() == [
+        f"interrupted: {k} of {len(FACTS)} facts kept; run the same command again to "
+        "continue"], stderr
+
+
+def test_other_settings_never_mix_and_fresh_starts_over(tiny_dir, tmp_path, facts):
+    """Units kept under one seed are not read by a run with another (another digest, so
+    another folder), are read back by a rerun of the same settings, and not with --fresh."""
+    out = tmp_path / "out"
+    args = trace_args(tiny_dir, facts, out)
+    _, _, k = interrupted(args, out, 1, signal.SIGKILL)
+    assert k >= 1
+    cli(*args, "--seed", 1)
+    meta = json.loads(result(out, "trace-tiny-gpt2-facts.json").read_text())
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (len(FACTS), 0)
+    assert len(units(out)) == k  # the seed-0 run's units are still kept
+    cli(*args, "--fresh", "--out-dir", tmp_path / "fresh")  # elsewhere: nothing to drop
+    (tmp_path / "out" / "trace-tiny-gpt2-facts.json").unlink(missing_ok=True)
+    cli(*args, "--fresh")
+    metas = sorted(out.glob("trace-tiny-gpt2-facts-*.json"))
+    fresh = [json.loads(p.read_text()) for p in metas if json.loads(p.read_text())["seed"] == 0]
+    assert (fresh[0]["partial"]["computed"], fresh[0]["partial"]["reused"]) == (len(FACTS), 0)
+    assert not (out / ".partial").exists()
+
+
+def test_a_killed_corpus_ablate_resumes_to_the_same_files(tiny_dir, tmp_path, corpus):
+    """The documents of a corpus sweep are its units; block influence and angular distance,
+    which the clean passes feed, come out the same too."""
+    args = ["ablate", "--dataset", corpus, "--model", tiny_dir, "--bootstrap", 50,
+            "--no-plot", "-q"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    cli(*args, "--out-dir", whole)
+    _, _, k = interrupted([*args, "--out-dir", part], part, 3, signal.SIGKILL)
+    assert 3 <= k < 8
+    cli(*args, "--out-dir", part)
+    name = "ablate-tiny-gpt2-docs.csv"
+    assert result(part, name).read_bytes() == result(whole, name).read_bytes()
+    meta = json.loads(result(part, "ablate-tiny-gpt2-docs.json").read_text())
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (8 - k, k)
