@@ -136,6 +136,50 @@ def test_options_are_checked_against_the_config_before_the_load(run, tiny_dir, t
     assert not (tmp_path / "o").exists()
 
 
+FACT = {"prompt": "The capital of France is", "subject": "France", "target": " Paris"}
+
+
+@pytest.mark.parametrize("args, message", [
+    # the text alone: an empty token
+    (["patch", "--clean", "A b", "--corrupted", "A c", "--target", ""], "--target is empty"),
+    (["patch", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--contrast", ""],
+     "--contrast is empty"),
+    (["logit-lens", "Hello there", "--target", ""], "--target is empty"),
+    (["mlp-memory", "Hello there", "--contrast", ""], "--contrast is empty"),
+    (["trace", "The capital of France is", "--subject", "France", "--target", ""],
+     "--target is empty"),
+    # the tokenizer alone: a subject not in its prompt, a target of several tokens
+    (["trace", "The capital of France is", "--subject", "Germany"],
+     "--subject 'Germany' is not in the prompt 'The capital of France is'"),
+    (["knockout", "The capital of France is", "--subject", "Germany"],
+     "--subject 'Germany' is not in the prompt 'The capital of France is'"),
+    (["trace", "The capital of France is", "--subject", "France", "--target", " Parisian x"],
+     "--target ' Parisian x' is 3 tokens"),
+    (["patch", "--clean", "A b", "--corrupted", "A c", "--target", " x y"],
+     "--target ' x y' is 2 tokens"),
+    (["logit-lens", "Hello there", "--contrast", " a b"], "--contrast ' a b' is 2 tokens"),
+    # a facts file's lines, named (line 2 is blank)
+    (["trace", "--facts", "{facts:subject=Germany}"],
+     "--facts {path}, line 3: subject 'Germany' is not in the prompt 'The capital of France "
+     "is'"),
+    (["knockout", "--facts", "{facts:target=}"], "--facts {path}, line 3: the target is empty"),
+    (["trace", "--facts", "{facts:prompt= }"], "--facts {path}, line 3: the prompt is empty"),
+])
+def test_text_is_checked_before_the_load(run, tiny_dir, tmp_path, no_load, args, message):
+    """Every refusal that needs only the text, or the tokenizer, comes before the model
+    loads (`no_load` fails any load), in one line, and nothing is written."""
+    facts = tmp_path / "facts.jsonl"
+    for i, a in enumerate(args):
+        if a.startswith("{facts:"):
+            key, value = a[len("{facts:"):-1].split("=")
+            facts.write_text(json.dumps(FACT) + "\n\n" + json.dumps({**FACT, key: value})
+                             + "\n", encoding="utf-8")
+            args = [*args[:i], str(facts), *args[i + 1:]]
+    res = run(*args, "--model", tiny_dir, "--out-dir", tmp_path / "o")
+    one_line(res, message.format(path=facts))
+    assert not (tmp_path / "o").exists()
+
+
 def test_out_dir_is_tested_by_creating_a_file(run, tmp_path):
     if not os.path.isdir("/proc"):
         pytest.skip("no /proc here")

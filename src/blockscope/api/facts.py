@@ -45,11 +45,15 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
     from blockscope.errors import BadValue
     from blockscope.experiments import facts as fx
     from blockscope.inputs import parallel
+    from blockscope.model.peek import peek_tokenizer
     from blockscope.results.render import progress_bar
 
     facts = fx.read_facts(o.facts)
     spec = model_spec(o.load.model, device=parallel.local_device(o.load.device),
                     dtype=o.load.dtype.value, bos_token=o.bos_token)
+    tokenizer = peek_tokenizer(spec)  # every fact's texts checked before the model loads
+    if tokenizer is not None:
+        fx.check_texts(tokenizer, facts, o.facts, o.prepend_bos)
     comm = parallel.from_env(spec.device)
     quiet = o.out.quiet or not comm.writes
     lm = checked_load(spec, o.load.allow_pickle, quiet)
@@ -89,11 +93,17 @@ def answer(lm, tokens, target: str | None) -> int:
 
 def fact_prompt(o):
     """The prompt run, the subject's token span, the target id and its text."""
-    from blockscope.api.prompts import prompt_run
+    from blockscope.api.prompts import one_token_each, prompt_run
     from blockscope.experiments.trace import subject_span
 
+    text = o.prompt.read()[0]
+
+    def check_text(tokenizer, tokens) -> None:
+        subject_span(tokenizer, tokens[0].tolist(), o.subject, prompt=text)
+        one_token_each(target=o.target)(tokenizer, tokens)
+
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
-                     bos_token=o.bos_token)
-    span = subject_span(run.model.tokenizer, run.tokens[0].tolist(), o.subject)
+                     bos_token=o.bos_token, check_text=check_text)
+    span = subject_span(run.model.tokenizer, run.tokens[0].tolist(), o.subject, prompt=text)
     target = answer(run.model, run.tokens, o.target)
     return run, span, target, run.model.tokenizer.decode([target])

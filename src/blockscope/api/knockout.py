@@ -18,7 +18,16 @@ from blockscope.api.facts import (
     fact_prompt,
     many_facts,
 )
-from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, at_least, group
+from blockscope.api.options import (
+    BosTokenOpt,
+    Load,
+    Options,
+    Output,
+    PromptBosOpt,
+    at_least,
+    group,
+    tokens_given,
+)
 from blockscope.api.output import write
 from blockscope.api.text_options import Prompt, Sweep
 
@@ -46,6 +55,7 @@ class KnockoutOptions(Options):
 
             raise BadValue("give the `subject`, as it appears in the prompt")
         at_least(1, window=self.window)
+        tokens_given(target=self.target)
 
 
 @command

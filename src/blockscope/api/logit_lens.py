@@ -19,9 +19,10 @@ from blockscope.api.options import (
     at_least,
     flag,
     group,
+    tokens_given,
 )
 from blockscope.api.output import write
-from blockscope.api.prompts import pick_positions, prompt_run
+from blockscope.api.prompts import one_token_each, pick_positions, prompt_run
 from blockscope.api.text_options import PositionOpt, Prompt
 from blockscope.errors import BadValue
 
@@ -53,6 +54,7 @@ class LogitLens(Options):
         if self.all_positions and self.position != -1:
             raise BadValue("give `position` or `all_positions`, not both")
         at_least(1, top_k=self.top_k)
+        tokens_given(target=self.target, contrast=self.contrast)
 
     def positions(self, n: int) -> list[int]:
         return pick_positions(n, self.position, self.all_positions)
@@ -69,7 +71,8 @@ def logit_lens(o: LogitLens) -> None:
 
     started = time.perf_counter()
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
-                     bos_token=o.bos_token, check_length=o.positions)
+                     bos_token=o.bos_token, check_length=o.positions,
+                     check_text=one_token_each(target=o.target, contrast=o.contrast))
     lm, tokens, spec = run.model, run.tokens, run.spec
     positions = o.positions(tokens.shape[-1])
     wanted = None if o.target is None else experiment.target_id(lm.tokenizer, o.target)

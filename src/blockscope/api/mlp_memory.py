@@ -19,9 +19,10 @@ from blockscope.api.options import (
     TargetOpt,
     at_least,
     group,
+    tokens_given,
 )
 from blockscope.api.output import write
-from blockscope.api.prompts import pick_positions, prompt_run
+from blockscope.api.prompts import one_token_each, pick_positions, prompt_run
 from blockscope.api.text_options import Dataset, PositionOpt, Prompt
 from blockscope.errors import BadValue
 
@@ -57,6 +58,7 @@ class MlpMemory(Options):
     def check(self) -> None:
         at_least(1, n_layers=self.n_layers, per_layer=self.per_layer, top_k=self.top_k,
                  n_examples=self.n_examples)
+        tokens_given(target=self.target, contrast=self.contrast)
         if self.method not in ("zero", "mean"):
             raise BadValue(f"`method` must be zero or mean (got {self.method!r})")
 
@@ -85,7 +87,8 @@ def mlp_memory(o: MlpMemory) -> None:
     corpus, docs = o.corpus(), None
     passage = read_passage(o.text) if o.text is not None else None  # refused before the load
     run = prompt_run(Prompt(o.prompt), o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
-                     bos_token=o.bos_token, check_length=o.position_in)
+                     bos_token=o.bos_token, check_length=o.position_in,
+                     check_text=one_token_each(target=o.target, contrast=o.contrast))
     lm, tokens, spec = run.model, run.tokens, run.spec
     if corpus is not None:
         docs = read_keys_corpus(corpus, passage, lm, o.out.quiet)

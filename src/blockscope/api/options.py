@@ -102,6 +102,14 @@ def at_least(minimum: float, **values) -> None:
             raise BadValue(f"`{name}` must be at least {minimum:g} (got {value})")
 
 
+def tokens_given(**values) -> None:
+    """Refuse any of `values` (a token's text; None: not given) that is empty: a token is
+    at least one character (' Paris', with its space)."""
+    for name, value in values.items():
+        if value is not None and value == "":
+            raise BadValue(f"`{name}` is empty: give one token, with its space (' Paris')")
+
+
 def comma_list(text: str | None, option: str, kind: type = float) -> list | None:
     """Parse `--option 1,2,3` into a list of `kind`; None when the option was not given."""
     if text is None:

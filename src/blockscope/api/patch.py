@@ -10,9 +10,17 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.api.common import command, out
-from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
+from blockscope.api.options import (
+    BosTokenOpt,
+    Load,
+    Options,
+    Output,
+    PromptBosOpt,
+    group,
+    tokens_given,
+)
 from blockscope.api.output import write
-from blockscope.api.prompts import two_prompts
+from blockscope.api.prompts import one_token_each, two_prompts
 from blockscope.api.text_options import Sweep
 
 
@@ -47,6 +55,7 @@ class PatchOptions(Options):
         from blockscope.experiments.patch import check_sites
 
         check_sites(self.sites)
+        tokens_given(target=self.target, contrast=self.contrast)
 
 
 @command
@@ -64,7 +73,8 @@ def patch(o: PatchOptions) -> None:
 
     started = time.perf_counter()
     run = two_prompts(o.clean, o.corrupted, o.load, o.prepend_bos, o.bos_token, o.out.quiet,
-                      experiment.check_lengths)
+                      experiment.check_lengths,
+                      one_token_each(target=o.target, contrast=o.contrast))
     lm = run.model
     target = target_id(lm.tokenizer, o.target)
     contrast = None if o.contrast is None else target_id(lm.tokenizer, o.contrast, "contrast")

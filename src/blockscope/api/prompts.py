@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from blockscope.errors import BlockscopeError
 
 
-def early_tokens(spec, text: str, prepend_bos: bool):
+def early_tokens(spec, text: str, prepend_bos: bool, check_text=None):
     """The prompt's tokens `(1, pos)` from the tokenizer and config.json alone, checked
-    against the context, before the model loads (a bad prompt is refused in a second, not
-    after a load); None when neither is at hand without loading: the load then checks."""
+    against the context and by `check_text(tokenizer, tokens)`, before the model loads (a
+    bad prompt is refused in a second, not after a load); None when neither is at hand
+    without loading: the load then checks."""
     from blockscope.inputs.text import tokenize
     from blockscope.model.peek import peek_sizes, peek_tokenizer
 
@@ -19,10 +20,25 @@ def early_tokens(spec, text: str, prepend_bos: bool):
     if tokenizer is None:
         return None
     tokens = tokenize(tokenizer, text, prepend_bos=prepend_bos)
+    if check_text is not None:
+        check_text(tokenizer, tokens)
     n_ctx = (peek_sizes(spec) or {}).get("n_ctx")
     if n_ctx is not None and tokens.shape[-1] > n_ctx:
         raise BlockscopeError(f"{tokens.shape[-1]:,} tokens, the model's context is {n_ctx:,}")
     return tokens
+
+
+def one_token_each(**given):
+    """A `check_text` holding each option given (`target=" Paris"`, `contrast=None`: not
+    given) to one token of the model's tokenizer."""
+    from blockscope.experiments.logit_lens import target_id
+
+    def check(tokenizer, tokens) -> None:
+        for option, text in given.items():
+            if text is not None:
+                target_id(tokenizer, text, option)
+
+    return check
 
 
 def check_context(tokens, model) -> None:
@@ -72,10 +88,12 @@ class PromptRun:
 
 
 def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str | None = None,
-               processed: bool = False, check=None, check_length=None) -> PromptRun:
+               processed: bool = False, check=None, check_length=None,
+               check_text=None) -> PromptRun:
     """Read the prompt (`options.Prompt`), refuse what its tokens or the config rule out
-    before the model loads (`check(sizes)`, `check_length(n_tokens)`), load it as `load`
-    (`options.Load`) says and tokenize the prompt."""
+    before the model loads (`check(sizes)`, `check_length(n_tokens)`, `check_text(tokenizer,
+    tokens)`: a subject, a target), load it as `load` (`options.Load`) says and tokenize the
+    prompt."""
     from blockscope.api.common import checked_load, model_spec
     from blockscope.inputs.text import tokenize
 
@@ -83,7 +101,7 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
     text, source = prompt.read()
     spec = model_spec(load.model, device=load.device, dtype=load.dtype.value,
                     processed=processed, bos_token=bos_token)
-    early = early_tokens(spec, text, prepend_bos)
+    early = early_tokens(spec, text, prepend_bos, check_text)
     if early is not None and check_length is not None:
         check_length(early.shape[-1])
     lm = checked_load(spec, load.allow_pickle, quiet, check)
@@ -91,6 +109,8 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
     check_context(tokens, lm)
     if check_length is not None:
         check_length(tokens.shape[-1])
+    if check_text is not None:
+        check_text(lm.tokenizer, tokens)
     return PromptRun(text, source, spec, lm, tokens)
 
 
@@ -102,9 +122,10 @@ class TwoPrompts(PromptRun):
 
 
 def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, quiet: bool,
-                check_lengths) -> TwoPrompts:
-    """Both prompts tokenized, their lengths held equal by `check_lengths(n, m)` before the
-    model loads where the tokenizer is at hand without it, and after."""
+                check_lengths, check_text=None) -> TwoPrompts:
+    """Both prompts tokenized, their lengths held equal by `check_lengths(n, m)` and the
+    clean one checked by `check_text(tokenizer, tokens)` before the model loads where the
+    tokenizer is at hand without it, and after."""
     from blockscope.api.common import checked_load, model_spec
     from blockscope.inputs.text import tokenize
 
@@ -112,11 +133,14 @@ def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, 
     if not clean.strip() or not corrupted.strip():
         raise BlockscopeError("the clean and the corrupted prompt must not be empty")
     spec = model_spec(load.model, device=load.device, dtype=load.dtype.value, bos_token=bos_token)
-    early = [early_tokens(spec, t, prepend_bos) for t in (clean, corrupted)]
+    early = [early_tokens(spec, t, prepend_bos, c) for t, c in ((clean, check_text),
+                                                                (corrupted, None))]
     if None not in early:
         check_lengths(early[0].shape[-1], early[1].shape[-1])
     lm = checked_load(spec, load.allow_pickle, quiet)
     a, b = (tokenize(lm.tokenizer, t, prepend_bos=prepend_bos) for t in (clean, corrupted))
     check_lengths(a.shape[-1], b.shape[-1])
+    if check_text is not None:
+        check_text(lm.tokenizer, a)
     check_context(a, lm)
     return TwoPrompts(clean, {"prompt": clean}, spec, lm, a, b)

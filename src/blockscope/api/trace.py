@@ -18,7 +18,16 @@ from blockscope.api.facts import (
     fact_prompt,
     many_facts,
 )
-from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, at_least, group
+from blockscope.api.options import (
+    BosTokenOpt,
+    Load,
+    Options,
+    Output,
+    PromptBosOpt,
+    at_least,
+    group,
+    tokens_given,
+)
 from blockscope.api.output import write
 from blockscope.api.text_options import Prompt, Sweep
 
@@ -62,6 +71,7 @@ class Trace(Options):
 
             raise BadValue("give the `subject`, as it appears in the prompt")
         at_least(1, samples=self.samples, window=self.window)
+        tokens_given(target=self.target)
         check(self.kinds, self.samples, self.window, self.sever)
 
 

@@ -10,7 +10,7 @@ first token after it, further tokens, and the last token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -30,6 +30,7 @@ class Fact:
     prompt: str
     subject: str
     target: str  # its first token is the answer followed
+    line: int = field(default=0, compare=False)  # its line in the file, for a refusal
 
 
 def read_facts(path: str) -> list[Fact]:
@@ -46,7 +47,7 @@ def read_facts(path: str) -> list[Fact]:
 
     if not Path(where).is_file():
         raise BadValue(f"`facts` {path}: no such file")
-    _check_lines(Path(where), path)
+    lines = _check_lines(Path(where), path)
     try:
         rows = load_dataset("json", data_files=where, split="train")
     except (ValueError, OSError, datasets.exceptions.DatasetsError,
@@ -55,24 +56,50 @@ def read_facts(path: str) -> list[Fact]:
     missing = {"prompt", "subject", "target"} - set(rows.column_names)
     if missing:
         raise BadValue(f"`facts` {path}: no column {', '.join(sorted(missing))}")
-    return [Fact(r["prompt"], r["subject"], r["target"]) for r in rows]
+    return [Fact(r["prompt"], r["subject"], r["target"], line)
+            for r, line in zip(rows, lines, strict=True)]
 
 
-def _check_lines(where: Path, path: str) -> None:
+def check_texts(tokenizer, facts: list[Fact], path: str, prepend_bos: bool) -> None:
+    """Refuse, naming its line, a fact whose prompt, subject or target is empty or whose
+    subject is not in its prompt: with the tokenizer alone, before the model loads."""
+    from blockscope.experiments.trace import subject_span
+    from blockscope.inputs.text import tokenize
+
+    for f in facts:
+        where = f"`facts` {path}, line {f.line}"
+        for name in ("prompt", "subject", "target"):
+            value = getattr(f, name)
+            if not isinstance(value, str) or not value.strip():
+                raise BadValue(f"{where}: the {name} is empty")
+        if not tokenizer.encode(f.target, add_special_tokens=False):
+            raise BadValue(f"{where}: the target {f.target!r} is no token")
+        tokens = tokenize(tokenizer, f.prompt, prepend_bos=prepend_bos)
+        try:
+            subject_span(tokenizer, tokens[0].tolist(), f.subject, prompt=f.prompt)
+        except BadValue as exc:
+            raise BadValue(f"{where}: {exc}")
+
+
+def _check_lines(where: Path, path: str) -> list[int]:
     """Refuse, naming it, the first line that is not one JSON object (datasets' own error
-    names neither the line nor the fault, and logs a second line of its own)."""
+    names neither the line nor the fault, and logs a second line of its own); the numbers
+    of the lines that hold a record, in order."""
     import json
 
+    found = []
     with open(where, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            found.append(i)
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise BadValue(f"`facts` {path}, line {i}: not JSON ({exc.msg})")
             if not isinstance(record, dict):
                 raise BadValue(f"`facts` {path}, line {i}: not a JSON object")
+    return found
 
 
 def category(t: int, span: tuple[int, int], n: int) -> str:
@@ -97,12 +124,15 @@ def prepared(model, facts: list[Fact], prepend_bos: bool) -> list[dict]:
 
     out = []
     for f in facts:
+        if not f.target or not model.tokenizer.encode(f.target, add_special_tokens=False):
+            raise BadValue(f"fact {f.prompt!r}: the target {f.target!r} is no token")
         tokens = tokenize(model.tokenizer, f.prompt, prepend_bos=prepend_bos)
         target = model.tokenizer.encode(f.target, add_special_tokens=False)[0]
         with torch.inference_mode():
             top = int(model(tokens.to(model.cfg.device), return_type="logits")[0, -1].argmax())
         out.append({"fact": f, "tokens": tokens, "target": target, "known": top == target,
-                    "span": subject_span(model.tokenizer, tokens[0].tolist(), f.subject)})
+                    "span": subject_span(model.tokenizer, tokens[0].tolist(), f.subject,
+                                         prompt=f.prompt)})
     return out
 
 

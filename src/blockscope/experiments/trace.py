@@ -45,14 +45,17 @@ def draw_noise(seed: int, samples: int, n_subject: int, d_model: int, scale: flo
     return torch.randn(samples, n_subject, d_model, generator=g, dtype=torch.float32) * scale
 
 
-def subject_span(tokenizer, ids: list[int], subject: str) -> tuple[int, int]:
+def subject_span(tokenizer, ids: list[int], subject: str, prompt: str | None = None
+                 ) -> tuple[int, int]:
     """The token range [lo, hi) that covers the first occurrence of `subject` in the decoded
-    prompt (ROME's `find_token_range`)."""
+    prompt (ROME's `find_token_range`); a refusal quotes `prompt` (the text as given),
+    else the decoded tokens."""
     pieces = [tokenizer.decode([t]) for t in ids]
     text = "".join(pieces)
     at = text.find(subject)
     if at < 0 or not subject.strip():
-        raise BadValue(f"`subject` {subject!r} is not in the prompt {text!r}")
+        raise BadValue(f"`subject` {subject!r} is not in the prompt "
+                       f"{text if prompt is None else prompt!r}")
     ends, pos = [], 0
     for piece in pieces:
         pos += len(piece)
