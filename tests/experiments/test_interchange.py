@@ -426,3 +426,66 @@ def test_facts_shared_across_ranks_give_one_process_table():
     assert {int(f["fact"].iloc[0]) for f in parts[0]} == {0, 2, 4}
     pd.testing.assert_frame_equal(per_fact, one[0])
     pd.testing.assert_frame_equal(avg, one[1])
+
+
+@pytest.mark.parametrize("rule", ["subjects", "embeddings", "0.25"])
+def test_the_noise_scale_is_redrawn_from_the_sidecar(tiny_dir, hf, tmp_path, rule):
+    """`trace --noise-std`: the sidecar's std is recomputed here from the plain HF model
+    (ROME's collect_embedding_std: every entry of the subjects' embeddings, each subject
+    tokenized alone, over every fact kept with --facts; or every entry of W_E; or the number
+    given), and the noise redrawn from the sidecar's seed and scale gives the sidecar's
+    P(target) with the subject noised, through the HF model."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from blockscope.cli import app
+
+    from ..conftest import result
+
+    subjects = ["France", "Eiffel Tower", "Germany"]
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text("".join(json.dumps({"prompt": p, "subject": s, "target": " x"}) + "\n"
+                             for p, s in zip(["The capital of France is",
+                                              "The Eiffel Tower is in",
+                                              "The language of Germany is"], subjects,
+                                             strict=True)), encoding="utf-8")
+    common = ["--samples", 2, "--kind", "resid", "--noise-std", rule, "--noise", 2.5,
+              "--seed", 3, "--model", tiny_dir, "--no-plot"]
+    embed = hf.get_input_embeddings()
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_dir)
+
+    def want_std(names):
+        if rule == "embeddings":
+            return float(embed.weight.detach().double().std())
+        if rule == "subjects":
+            rows = [embed(torch.tensor(tok.encode(s))) for s in names]
+            return float(torch.cat(rows).detach().double().std())
+        return 0.25
+
+    for args, names, stem in (
+            (["The capital of France is", "--subject", "France"], ["France"], "trace-tiny-gpt2"),
+            (["--facts", facts, "--all-facts"], subjects, "trace-tiny-gpt2-facts")):
+        out = tmp_path / stem
+        res = CliRunner().invoke(app, [str(a) for a in ("trace", *args, *common,
+                                                        "--out-dir", out)])
+        assert res.exit_code == 0, res.output
+        meta = json.loads(result(out, f"{stem}.json").read_text())
+        std = want_std(names)
+        assert meta["noise_std"]["rule"] == ("given" if rule == "0.25" else rule)
+        assert meta["noise_std"]["std"] == pytest.approx(std, rel=1e-12)
+        assert meta["noise_scale"] == pytest.approx(2.5 * std, rel=1e-12)
+    # the one prompt's P(target) with the subject noised, redrawn from the sidecar
+    meta = json.loads(result(tmp_path / "trace-tiny-gpt2", "trace-tiny-gpt2.json").read_text())
+    tokens = torch.tensor([meta["tokens"]])
+    lo, hi = meta["subject_tokens"]
+    g = torch.Generator().manual_seed(meta["seed"])
+    eps = torch.randn(2, hi - lo, hf.config.n_embd, generator=g) * meta["noise_scale"]
+
+    def noised(t):
+        t[:, lo:hi] += eps
+        return t
+
+    logits = hf_run(hf, tokens.expand(2, -1), [(embed, "out", noised)])
+    p = float(torch.softmax(logits, -1)[:, meta["target_id"]].mean())
+    assert meta["p_corrupted"] == pytest.approx(p, rel=1e-5, abs=1e-7)

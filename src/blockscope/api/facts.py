@@ -36,11 +36,12 @@ def check_facts(o) -> None:
         raise BadValue("`all_facts` goes with `facts`")
 
 
-def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
+def many_facts(o, name: str, run, keys: list[str], value: str, started: float,
+               before=None):
     """Every fact of --facts (those the model knows, unless --all-facts) through `run(model,
-    tokens, span, target, progress)`: the per-fact rows, their averages, and the sidecar's
-    record (None on a process that does not write, under torchrun). The facts are read
-    before the model loads."""
+    tokens, span, target)`, after `before(model, the facts kept)`: the per-fact rows, their
+    averages, and the sidecar's record (None on a process that does not write, under
+    torchrun). The facts are read and their texts checked before the model loads."""
     from blockscope.api.common import checked_load, err, model_spec
     from blockscope.errors import BadValue
     from blockscope.experiments import facts as fx
@@ -66,6 +67,8 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float):
         err.print(f"{len(kept)} of {len(facts)} facts {'kept' if o.all_facts else 'known'} "
                   f"({spec.label}'s top-1 is the target's first token for "
                   f"{sum(i['known'] for i in items)})", highlight=False, soft_wrap=True)
+    if before is not None:
+        before(lm, kept)
     with progress_bar(err, len(kept), f"{name} over facts", not quiet) as tick:
         per_fact, avg = fx.over(kept, lambda t, s, g: run(lm, t, s, g), keys, value, tick,
                                 comm, o.out.partial)

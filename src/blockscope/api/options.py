@@ -110,6 +110,13 @@ def tokens_given(**values) -> None:
             raise BadValue(f"`{name}` is empty: give one token, with its space (' Paris')")
 
 
+def above_zero(**values) -> None:
+    """Refuse any of `values` (None: not given) that is not above zero."""
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise BadValue(f"`{name}` must be above 0 (got {value})")
+
+
 def comma_list(text: str | None, option: str, kind: type = float) -> list | None:
     """Parse `--option 1,2,3` into a list of `kind`; None when the option was not given."""
     if text is None:

@@ -24,6 +24,7 @@ from blockscope.api.options import (
     Options,
     Output,
     PromptBosOpt,
+    above_zero,
     at_least,
     group,
     tokens_given,
@@ -42,8 +43,12 @@ class Trace(Options):
         help="What is restored (repeatable): resid (the state after a block), mlp or attn "
         "(their outputs over --window blocks). Default: all three.", show_default=False)] = None
     samples: Annotated[int, typer.Option(help="Noise samples (ROME: 10).")] = 10
-    noise: Annotated[float, typer.Option(help="Noise scale, in standard deviations of the "
-                                         "token embeddings (ROME: 3).")] = 3.0
+    noise: Annotated[float, typer.Option(help="Noise scale, in standard deviations (see "
+                                         "--noise-std) (ROME: 3).")] = 3.0
+    noise_std: Annotated[str, typer.Option(
+        help="The standard deviation the noise scale counts in: subjects (ROME's: of the "
+        "subjects' token embeddings, every fact's with --facts), embeddings (of every "
+        "entry of W_E), or a number.")] = "subjects"
     window: Annotated[int, typer.Option(help="Blocks restored together for mlp and attn "
                                         "(ROME: 10).")] = 10
     sever: Annotated[str | None, typer.Option(
@@ -73,6 +78,30 @@ class Trace(Options):
         at_least(1, samples=self.samples, window=self.window)
         tokens_given(target=self.target)
         check(self.kinds, self.samples, self.window, self.sever)
+        above_zero(noise=self.noise)
+        self.std_rule  # noqa: B018 (refuses a bad --noise-std)
+
+    def check_sizes(self, sizes: dict) -> None:
+        n = sizes.get("n_layers")
+        if n is not None and self.window > n:
+            from blockscope.errors import BadValue
+
+            raise BadValue(f"`window` {self.window} is more blocks than the model's {n}")
+
+    @property
+    def std_rule(self) -> str | float:
+        """--noise-std as a rule name or a positive number."""
+        from blockscope.errors import BadValue
+
+        if self.noise_std in ("subjects", "embeddings"):
+            return self.noise_std
+        try:
+            value = float(self.noise_std)
+        except ValueError:
+            raise BadValue(f"`noise_std` must be subjects, embeddings or a number (got "
+                           f"{self.noise_std!r})")
+        above_zero(noise_std=value)
+        return value
 
 
 @command
@@ -91,9 +120,10 @@ def trace(o: Trace) -> None:
         return trace_facts(o, started)
     run, span, target, word = fact_prompt(o)
     lm = run.model
+    std, std_record = experiment.noise_std(lm, o.std_rule, [o.subject])
     with progress_bar(err, 1, "tracing", not o.out.quiet) as tick:
         df = experiment.trace(lm, run.tokens, span, target=target, kinds=o.kinds,
-                              samples=o.samples, window=o.window, noise=o.noise,
+                              samples=o.samples, window=o.window, noise=o.noise, std=std,
                               sever=o.sever,
                               settings=o.sweep.settings(seed=o.seed).reporting(tick))
     a = df.attrs
@@ -102,7 +132,8 @@ def trace(o: Trace) -> None:
     meta = run.meta("trace", o.prepend_bos, started, subject=o.subject, subject_tokens=a["subject"],
                     target=word, target_id=target, p_clean=a["p_clean"],
                     p_corrupted=a["p_corrupted"], noise_scale=a["noise_scale"],
-                    noise_factor=o.noise, noise_rule=experiment.NOISE_RULE, seed=o.seed,
+                    noise_factor=o.noise, noise_std=std_record,
+                    noise_rule=experiment.NOISE_RULE, seed=o.seed,
                     samples=o.samples, window=o.window, kinds=o.kinds, sever=o.sever,
                     engine=a["how"])
     stem = f"trace-{run.spec.slug}"
@@ -118,13 +149,20 @@ def trace(o: Trace) -> None:
 def trace_facts(o: Trace, started: float) -> None:
     from blockscope.experiments import trace as experiment
 
+    noise = {}  # the std, once over every fact kept (ROME's rule: all the subjects)
+
+    def before(lm, kept):
+        noise["std"], noise["record"] = experiment.noise_std(
+            lm, o.std_rule, [it["fact"].subject for it in kept])
+
     def one(lm, tokens, span, target):
         return experiment.trace(lm, tokens, span, target=target, kinds=o.kinds,
                                 samples=o.samples, window=o.window, noise=o.noise,
-                                sever=o.sever, settings=o.sweep.settings(seed=o.seed))
+                                std=noise["std"], sever=o.sever,
+                                settings=o.sweep.settings(seed=o.seed))
 
     done = many_facts(o, "tracing", one, ["kind", "layer", "category"], "indirect_effect",
-                      started)
+                      started, before)
     if done is None:
         return
     spec, lm, per_fact, avg, record = done
@@ -134,7 +172,8 @@ def trace_facts(o: Trace, started: float) -> None:
     from blockscope.results.files import sidecar
 
     meta = sidecar(command="trace", model=model_record(spec, lm), **record, kinds=o.kinds,
-                   samples=o.samples, window=o.window, noise_factor=o.noise, seed=o.seed,
+                   samples=o.samples, window=o.window, noise_factor=o.noise,
+                   noise_std=noise["record"], noise_scale=o.noise * noise["std"], seed=o.seed,
                    noise_rule=experiment.NOISE_RULE + "; each fact's noise drawn from `seed`",
                    sever=o.sever, prepend_bos=o.prepend_bos, dtype=spec.dtype,
                    device=spec.device, wall_time_s=round(time.perf_counter() - started, 3))

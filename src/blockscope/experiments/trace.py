@@ -29,13 +29,53 @@ KINDS = ("resid", "mlp", "attn")
 POINT = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}
 NOISE_RULE = ("noise = scale x torch.randn(samples, n_subject_tokens, d_model) from "
               "torch.Generator().manual_seed(seed) on the CPU, float32, added to hook_embed at "
-              "the subject's tokens; scale = factor x the standard deviation of every entry "
-              "of the token embedding matrix W_E")
+              "the subject's tokens; scale = factor x std, std as `noise_std` says")
+# How the noise's standard deviation is taken (`--noise-std`), besides a number given.
+STD_RULES = {
+    "subjects": "ROME's collect_embedding_std: the standard deviation (float64, n-1) of "
+                "every entry of hook_embed's output on each subject tokenized alone (no "
+                "special tokens), all subjects' tokens together",
+    "embeddings": "the standard deviation (float64, n-1) of every entry of the token "
+                  "embedding matrix W_E",
+}
 
 
-def noise_scale(model, factor: float = 3.0) -> float:
-    """`factor` times the standard deviation of every entry of the token embeddings W_E."""
-    return factor * float(model.W_E.detach().double().std())
+def embedding_std(model) -> float:
+    """The standard deviation of every entry of the token embeddings W_E."""
+    return float(model.W_E.detach().double().std())
+
+
+def subjects_std(model, subjects: list[str]) -> float:
+    """ROME's noise level (`collect_embedding_std`): the standard deviation of every entry
+    of the embeddings (hook_embed's output) of the subjects' tokens, each subject tokenized
+    alone, all subjects together."""
+    from blockscope.sweeps.naive import activations
+
+    rows = []
+    for subject in subjects:
+        ids = model.tokenizer.encode(subject, add_special_tokens=False)
+        if not ids:
+            raise BadValue(f"`subject` {subject!r} is no token")
+        rows.append(activations(model, torch.tensor([ids]), ["hook_embed"])["hook_embed"])
+    data = torch.cat(rows).double()  # (all subjects' tokens, d_model)
+    if data.numel() < 2:
+        raise BadValue("one number cannot give a standard deviation: give `noise_std`")
+    return float(data.std())
+
+
+def noise_std(model, rule: str | float, subjects: list[str]) -> tuple[float, dict]:
+    """The noise's standard deviation by `rule` ("subjects", "embeddings" or a number), and
+    the sidecar's record of it."""
+    if rule == "subjects":
+        std = subjects_std(model, subjects)
+    elif rule == "embeddings":
+        std = embedding_std(model)
+    else:
+        std = float(rule)
+    return std, {"rule": rule if isinstance(rule, str) else "given", "std": std,
+                 "how": STD_RULES.get(rule, "the number given") if isinstance(rule, str)
+                 else "the number given", **({"n_subjects": len(subjects)}
+                                              if rule == "subjects" else {})}
 
 
 def draw_noise(seed: int, samples: int, n_subject: int, d_model: int, scale: float
@@ -100,15 +140,17 @@ def check(kinds, samples: int, window: int, sever: str | None) -> None:
 
 def trace(model, tokens: torch.Tensor, span: tuple[int, int], *, target: int,
           kinds=KINDS, samples: int = 10, window: int = 10, noise: float = 3.0,
-          sever: str | None = None, settings: RunSettings = RunSettings()) -> pd.DataFrame:
+          std: float | None = None, sever: str | None = None,
+          settings: RunSettings = RunSettings()) -> pd.DataFrame:
     """One row per (kind, layer, position): `kind, layer, position, token, p_target,
     indirect_effect`. attrs: p_clean, p_corrupted, the noise's scale and seed, how it ran.
-    The noise is drawn with `settings.seed` (`draw_noise`)."""
+    The noise is drawn with `settings.seed` (`draw_noise`), its scale `noise` x `std`
+    (`noise_std`; None: `embedding_std`)."""
     seed = settings.seed
     check(kinds, samples, window, sever)
     lo, hi = span
     n, T = model.cfg.n_layers, tokens.shape[-1]
-    scale = noise_scale(model, noise)
+    scale = noise * (embedding_std(model) if std is None else std)
     eps = draw_noise(seed, samples, hi - lo, model.cfg.d_model, scale)
     base = Run(tokens, (Edit(Site("hook_embed", None, tuple(range(lo, hi))), AddNoise(), eps),),
                samples=samples)

@@ -52,7 +52,9 @@ def mlp_measures(model, settings: dict, stage=no_stage) -> tuple[pd.DataFrame, d
             from blockscope.experiments import trace
 
             span = trace.subject_span(model.tokenizer, tokens[0].tolist(), s["subject"])
-            traced = trace.trace(model, tokens, span, target=target, kinds=("mlp", "attn"))
+            std, _ = trace.noise_std(model, "subjects", [s["subject"]])  # trace's default
+            traced = trace.trace(model, tokens, span, target=target, kinds=("mlp", "attn"),
+                                 std=std)
             step()
     rows = [_written_late(lens, model.cfg.n_layers, s["target"]),
             _last_block(attrs, model.cfg.n_layers), _values(top, s["target"]),
