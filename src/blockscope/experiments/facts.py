@@ -1,7 +1,8 @@
-"""Many facts: a JSONL of `prompt, subject, target` (the built-in `data/facts.jsonl`, 153
-facts written for blockscope: capitals, official languages, landmarks' cities, companies'
-countries), the facts the model knows (ROME's "known" filter: the target's first token is
-its top-1), and averages over facts with bootstrap intervals.
+"""Many facts: a JSONL of `prompt, subject, target` (the built-in
+`src/blockscope/data/facts.jsonl`, 153 facts written for blockscope: capitals, official
+languages, landmarks' cities, companies' countries), the facts the model knows (ROME's
+"known" filter: the target's first token is its top-1), and averages over facts
+with bootstrap intervals.
 
 Positions differ from fact to fact, so averages are taken per position category, as ROME's
 averaged plots do: the tokens before the subject, its first, middle and last tokens, the
