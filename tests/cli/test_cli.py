@@ -110,7 +110,7 @@ def test_bad_input_one_line_no_traceback_nothing_written(run, tiny_dir, tmp_path
     if "--out-dir" not in args:
         args += ["--out-dir", out_dir]
     res = run("ablate", *args)
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert "Traceback" not in res.output
@@ -152,7 +152,7 @@ def test_interrupted_write_leaves_no_partial_files(tmp_path, monkeypatch):
 
 
 def one_error_line(res) -> str:
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     return lines[0]
@@ -353,7 +353,7 @@ def test_ablate_naive_engine_is_recorded(run, tiny_dir, tmp_path):
 @pytest.mark.parametrize("name", ["[draft]a.txt", "a[/]b.txt", "[bold]x[/bold].txt"])
 def test_messages_print_paths_literally(run, tmp_path, name):
     res = run("ablate", "--text", tmp_path / name, "--out-dir", tmp_path)
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert f"{tmp_path / name}: no such file" in " ".join(res.stderr.split())
     assert "Traceback" not in res.output
 
@@ -379,7 +379,7 @@ def test_reproduce_stops_on_a_broken_checkpoint(run, tiny_dir, tmp_path):
     shutil.copytree(tiny_dir, broken)
     (broken / "model.safetensors").write_bytes(b"not safetensors at all")
     res = run("reproduce", "--model", broken, "--out-dir", tmp_path / "out", "--no-prune")
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     assert "cannot" in res.stderr and not (tmp_path / "out").exists()
 
 
@@ -419,7 +419,7 @@ def test_no_overwrite_refuses_before_any_work(run, tiny_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(common, "load", lambda *a: pytest.fail("loaded the model"))
     res = run(*args, "--no-overwrite")
-    assert res.exit_code == 1 and "--no-overwrite: results of these settings exist" in res.stderr
+    assert res.exit_code == 2 and "--no-overwrite: results of these settings exist" in res.stderr
     monkeypatch.undo()
     other = run(*args[:-2], "--out-dir", tmp_path, "--max-tokens", 31, "--no-overwrite")
     assert other.exit_code == 0, other.output  # other settings: a file of their own

@@ -31,7 +31,7 @@ def corpus(tmp_path_factory):
 
 
 def one_error_line(res) -> str:
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert "Traceback" not in res.output
@@ -206,7 +206,7 @@ def test_a_refusal_under_torchrun_is_torchruns_root_cause(tmp_path, monkeypatch)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     res = CliRunner().invoke(app, ["params", "--out-dir", str(tmp_path / "out")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert res.stderr == ""  # rank 1 leaves stderr to rank 0
     message = json.loads(error_file.read_text())["message"]
     line = "error: params runs in one process; under torchrun only ablate, knockout, " \

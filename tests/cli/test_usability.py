@@ -37,7 +37,7 @@ def no_load(monkeypatch):
 
 
 def one_line(res, message):
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     assert message in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
@@ -353,12 +353,12 @@ def test_extreme_numbers_path_datasets_growth_and_a_short_context(run, tiny_dir,
     from blockscope.cli import _negative_numbers_hint
 
     huge = run("layernorm", "--out-dir", tmp_path, "--", "1e300", "2e300")
-    assert huge.exit_code == 1 and "beyond float64" in huge.stderr  # not [0, 0] and exit 0
+    assert huge.exit_code == 2 and "beyond float64" in huge.stderr  # not [0, 0] and exit 0
     big = run("layernorm", "--out-dir", tmp_path, "--", "1e150", "3e150")
     assert big.exit_code == 0 and "-1.000" in big.stdout and "1.000" in big.stdout
     _negative_numbers_hint(["layernorm", "--eps", "-1", "1", "1"])  # the value of --eps: no hint
     typo = run("ablate", "--dataset", "corp/nosuch.jsonl", "--model", tiny_dir)
-    assert typo.exit_code == 1 and "no such file or directory" in typo.stderr
+    assert typo.exit_code == 2 and "no such file or directory" in typo.stderr
     assert "Hub" not in typo.stderr
     norms = run("resid-norm", "The capital of France is", "--model", tiny_dir, "--no-plot",
                 "--out-dir", tmp_path)

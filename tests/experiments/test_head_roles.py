@@ -165,11 +165,11 @@ def test_head_roles_join_prune_heads_by_layer_and_head(tiny_dir, tmp_path):
     (["head-roles", "--n-random", "1"], "--n-random must be at least 2"),
     (["head-roles", "--n-random", "64"], "--n-random must be between 2 and half the context"),
 ])
-def test_bad_input_one_line_exit_1_nothing_written(tiny_dir, tmp_path, args, message):
+def test_bad_input_one_line_exit_2_nothing_written(tiny_dir, tmp_path, args, message):
     out = tmp_path / "out"
     res = CliRunner().invoke(app, [*args, "--model", str(tiny_dir), "--out-dir", str(out)]
                              + (["--text", str(ALICE), "--max-tokens", "30"]
                                 if args[0] == "head-roles" else []))
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not out.exists()

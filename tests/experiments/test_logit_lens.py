@@ -166,5 +166,5 @@ def test_command_writes_lens_attribution_and_picture(tiny_dir, tmp_path):
     assert result(tmp_path / "g", "logit-lens-tiny-gpt2-all.png").exists()
     bad = CliRunner().invoke(app, ["logit-lens", PROMPT, "--model", str(tiny_dir),
                                    "--position", "9", "--out-dir", str(tmp_path / "b")])
-    assert bad.exit_code == 1 and "--position 9 is outside the 6 tokens" in bad.stderr
+    assert bad.exit_code == 2 and "--position 9 is outside the 6 tokens" in bad.stderr
     assert not (tmp_path / "b").exists()

@@ -122,7 +122,7 @@ def test_command_writes_neurons_layers_keys_and_sidecar(tiny_dir, tmp_path):
     assert result(tmp_path, "mlp-memory-tiny-gpt2-layers.csv").exists()
     bad = CliRunner().invoke(app, ["mlp-memory", PROMPT, "--model", str(tiny_dir), "--method",
                                    "max", "--out-dir", str(tmp_path / "b")])
-    assert bad.exit_code == 1 and "--method must be zero or mean" in bad.stderr
+    assert bad.exit_code == 2 and "--method must be zero or mean" in bad.stderr
     assert not (tmp_path / "b").exists()
 
 

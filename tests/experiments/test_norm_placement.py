@@ -221,15 +221,15 @@ def test_command_writes_both_csvs_sidecar_and_pictures(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--d-model", "30", "--n-heads", "4"], "does not divide"),
-    (["--train-steps", "-1"], "--train-steps must be 0 or more"),
+    (["--train-steps", "-1"], "--train-steps must be between 0 and 1,000,000"),
     (["--train-steps", "10", "--warmup-steps", "10"], "is not shorter than the run"),
     (["--train-heads", "3"], "does not divide"),
     (["--lr", "1e-3,x"], "--lr takes numbers"),
     (["--lr", "0"], "--lr takes one or more positive rates"),
 ])
-def test_bad_options_one_line_exit_1(tmp_path, args, message):
+def test_bad_options_one_line_exit_2(tmp_path, args, message):
     res = CliRunner().invoke(app, ["norm-placement", *FAST, *args, "--out-dir",
                                    str(tmp_path / "out")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "out").exists()

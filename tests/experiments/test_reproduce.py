@@ -140,9 +140,9 @@ def test_bad_reference(tmp_path):
     bad.write_text('[[figure]]\nexperiment = "x"\nname = "y"\narticle = "abc"\nmeasure = "z"\n')
     res = CliRunner().invoke(app, ["reproduce", "--reference", str(bad), "--out-dir",
                                    str(tmp_path / "o")])
-    assert res.exit_code == 1 and "malformed" in res.stderr
+    assert res.exit_code == 2 and "malformed" in res.stderr
     res = CliRunner().invoke(app, ["reproduce", "--reference", str(tmp_path / "none.toml")])
-    assert res.exit_code == 1 and "no such file" in res.stderr
+    assert res.exit_code == 2 and "no such file" in res.stderr
 
 
 def test_the_reference_ships_with_the_package(tmp_path, monkeypatch):

@@ -91,7 +91,7 @@ def test_get_model_converts_a_gguf_and_then_finds_it(gguf_model, tmp_path, monke
     again = run("get-model", NAME)
     assert again.exit_code == 0 and "already" in again.stdout
     bad = run("get-model", "nosuch")
-    assert bad.exit_code == 1 and "unknown model" in bad.stderr
+    assert bad.exit_code == 2 and "unknown model" in bad.stderr
 
 
 def test_without_gpt2_the_main_job_runs_on_the_offline_model(offline_model, tmp_path):
@@ -124,7 +124,7 @@ def test_without_gpt2_the_main_job_runs_on_the_offline_model(offline_model, tmp_
 
 def test_named_gpt2_is_never_substituted(offline_model, tmp_path):
     res = run("ablate", "--model", "gpt2", "--text", ALICE, "--out-dir", tmp_path)
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "--model smollm2-135m" in lines[0]
     assert "see docs/models.md" in lines[0] and "run with --model smollm2-135m" in lines[0]
@@ -139,7 +139,7 @@ def test_bos_token_is_chosen_recorded_and_can_be_overridden(offline_model, tmp_p
     assert meta["model"]["bos"]["text"] == "<|im_start|>" and meta["tokens"][0] == 1025
     bad = run("resid-norm", "x", "--model", NAME, "--bos-token", "two words", "--out-dir",
               tmp_path / "bad")
-    assert bad.exit_code == 1 and "not one" in bad.stderr
+    assert bad.exit_code == 2 and "not one" in bad.stderr
 
 
 def test_every_command_runs_on_the_offline_model(offline_model, tmp_path):

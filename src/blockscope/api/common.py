@@ -77,9 +77,11 @@ def load(spec, allow_pickle: bool, quiet: bool):
 
 
 def sizes_of(model) -> dict:
-    """n_layers, n_heads, n_ctx of a loaded model (what `peek.peek_sizes` reads early)."""
+    """n_layers, n_heads, n_ctx, d_vocab, d_mlp of a loaded model (what `peek.peek_sizes`
+    reads early)."""
     cfg = model.cfg
-    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx}
+    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx,
+            "d_vocab": cfg.d_vocab, "d_mlp": cfg.d_mlp}
 
 
 _HELD: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("held", default=None)

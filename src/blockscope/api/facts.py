@@ -21,6 +21,12 @@ FactTargetOpt = Annotated[str | None, typer.Option(
     show_default=False)]
 
 
+def window_of(o, lm, paper: int) -> int:
+    """`o.window` (checked against the block count), or the paper's where not given: every
+    block of a model with fewer."""
+    return o.window if o.window is not None else min(paper, lm.cfg.n_layers)
+
+
 def check_facts(o) -> None:
     """A prompt or --facts, not both; --all-facts only with --facts."""
     from blockscope.errors import BadValue, BlockscopeError
@@ -57,7 +63,7 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float,
         fx.check_texts(tokenizer, facts, o.facts, o.prepend_bos)
     comm = parallel.from_env(spec.device)
     quiet = o.out.quiet or not comm.writes
-    lm = checked_load(spec, o.load.allow_pickle, quiet)
+    lm = checked_load(spec, o.load.allow_pickle, quiet, o.check_all_sizes)
     items = fx.prepared(lm, facts, o.prepend_bos)
     kept = items if o.all_facts else [i for i in items if i["known"]]
     if not kept:
@@ -106,7 +112,7 @@ def fact_prompt(o):
         one_token_each(target=o.target)(tokenizer, tokens)
 
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
-                     bos_token=o.bos_token, check_text=check_text)
+                     bos_token=o.bos_token, check_text=check_text, check=o.check_all_sizes)
     span = subject_span(run.model.tokenizer, run.tokens[0].tolist(), o.subject, prompt=text)
     target = answer(run.model, run.tokens, o.target)
     return run, span, target, run.model.tokenizer.decode([target])

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.api.common import command, err, out
-from blockscope.api.options import BosTokenOpt, Load, Options, Output, flag, group
+from blockscope.api.options import BosTokenOpt, Load, Options, Output, at_least, flag, group
 from blockscope.api.output import write
 from blockscope.api.text_options import TextFileOpt
 from blockscope.errors import BadValue
@@ -38,6 +38,7 @@ class HeadRoles(Options):
     out: Output = group(Output)
 
     def check(self) -> None:
+        at_least(2, max_tokens=self.max_tokens)
         if self.n_random < 2:
             raise BadValue(f"`n_random` must be at least 2 (got {self.n_random})")
         if self.from_prune_heads is not None and not self.from_prune_heads.is_file():

@@ -17,6 +17,7 @@ from blockscope.api.facts import (
     check_facts,
     fact_prompt,
     many_facts,
+    window_of,
 )
 from blockscope.api.options import (
     BosTokenOpt,
@@ -25,11 +26,14 @@ from blockscope.api.options import (
     Output,
     PromptBosOpt,
     at_least,
+    at_most,
     group,
     tokens_given,
 )
 from blockscope.api.output import write
 from blockscope.api.text_options import Prompt, Sweep
+
+GEVA_WINDOW = 9  # Geva et al.'s window of blocks knocked out, where the model has as many
 
 
 @dataclass
@@ -38,8 +42,9 @@ class KnockoutOptions(Options):
     prompt: Prompt = group(Prompt)
     subject: SubjectOpt = ""
     target: FactTargetOpt = None
-    window: Annotated[int, typer.Option(help="Consecutive blocks knocked out together "
-                                        "(Geva et al.: 9).")] = 9
+    window: Annotated[int | None, typer.Option(
+        help="Consecutive blocks knocked out together (default: Geva et al.'s 9, or every "
+        "block of a model with fewer).", show_default=False)] = None
     facts: FactsOpt = None
     all_facts: AllFactsOpt = False
     sweep: Sweep = group(Sweep)
@@ -56,6 +61,11 @@ class KnockoutOptions(Options):
             raise BadValue("give the `subject`, as it appears in the prompt")
         at_least(1, window=self.window)
         tokens_given(target=self.target)
+
+    def check_sizes(self, sizes: dict) -> None:
+        if sizes.get("n_layers"):
+            at_most(sizes["n_layers"], f"the model's {sizes['n_layers']} blocks",
+                    window=self.window)
 
 
 @command
@@ -76,7 +86,8 @@ def knockout(o: KnockoutOptions) -> None:
     run, span, target, word = fact_prompt(o)
     lm = run.model
     with progress_bar(err, 1, "knocking out", not o.out.quiet) as tick:
-        df = experiment.knockout(lm, run.tokens, span, target=target, window=o.window,
+        df = experiment.knockout(lm, run.tokens, span, target=target,
+                                 window=window_of(o, lm, GEVA_WINDOW),
                                  bos=o.prepend_bos,
                                  settings=o.sweep.settings().reporting(tick))
     if not o.out.quiet:
@@ -103,7 +114,8 @@ def knockout_facts(o: KnockoutOptions, started: float) -> None:
     from blockscope.results.files import sidecar
 
     def one(lm, tokens, span, target):
-        return experiment.knockout(lm, tokens, span, target=target, window=o.window,
+        return experiment.knockout(lm, tokens, span, target=target,
+                                   window=window_of(o, lm, GEVA_WINDOW),
                                    bos=o.prepend_bos, settings=o.sweep.settings())
 
     done = many_facts(o, "knocking out", one, ["from", "layer_start", "layer_end"],
@@ -111,10 +123,11 @@ def knockout_facts(o: KnockoutOptions, started: float) -> None:
     if done is None:
         return
     spec, lm, per_fact, avg, record = done
-    avg.attrs["window"] = min(o.window, lm.cfg.n_layers)
+    avg.attrs["window"] = window_of(o, lm, GEVA_WINDOW)
     if not o.out.quiet:
         render_facts(avg, spec.label, record["n_used"])
-    meta = sidecar(command="knockout", model=model_record(spec, lm), **record, window=o.window,
+    meta = sidecar(command="knockout", model=model_record(spec, lm), **record,
+                   window=avg.attrs["window"],
                    prepend_bos=o.prepend_bos, dtype=spec.dtype, device=spec.device,
                    wall_time_s=round(time.perf_counter() - started, 3))
     stem = f"knockout-{spec.slug}-facts"

@@ -17,6 +17,7 @@ from blockscope.api.options import (
     PromptBosOpt,
     TargetOpt,
     at_least,
+    at_most,
     flag,
     group,
     tokens_given,
@@ -56,6 +57,11 @@ class LogitLens(Options):
         at_least(1, top_k=self.top_k)
         tokens_given(target=self.target, contrast=self.contrast)
 
+    def check_sizes(self, sizes: dict) -> None:
+        if sizes.get("d_vocab"):
+            at_most(sizes["d_vocab"], f"the model's {sizes['d_vocab']:,} tokens",
+                    top_k=self.top_k)
+
     def positions(self, n: int) -> list[int]:
         return pick_positions(n, self.position, self.all_positions)
 
@@ -72,6 +78,7 @@ def logit_lens(o: LogitLens) -> None:
     started = time.perf_counter()
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
                      bos_token=o.bos_token, check_length=o.positions,
+                     check=o.check_all_sizes,
                      check_text=one_token_each(target=o.target, contrast=o.contrast))
     lm, tokens, spec = run.model, run.tokens, run.spec
     positions = o.positions(tokens.shape[-1])

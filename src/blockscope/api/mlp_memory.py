@@ -18,6 +18,7 @@ from blockscope.api.options import (
     PromptBosOpt,
     TargetOpt,
     at_least,
+    at_most,
     group,
     tokens_given,
 )
@@ -62,6 +63,17 @@ class MlpMemory(Options):
         if self.method not in ("zero", "mean"):
             raise BadValue(f"`method` must be zero or mean (got {self.method!r})")
 
+    def check_sizes(self, sizes: dict) -> None:
+        if sizes.get("n_layers"):
+            at_most(sizes["n_layers"], f"the model's {sizes['n_layers']} blocks",
+                    n_layers=self.n_layers)
+        if sizes.get("d_mlp"):
+            at_most(sizes["d_mlp"], f"the model's {sizes['d_mlp']:,} neurons a layer",
+                    per_layer=self.per_layer)
+        if sizes.get("d_vocab"):
+            at_most(sizes["d_vocab"], f"the model's {sizes['d_vocab']:,} tokens",
+                    top_k=self.top_k)
+
     def position_in(self, n: int) -> int:
         return pick_positions(n, self.position, False)[0]
 
@@ -88,6 +100,7 @@ def mlp_memory(o: MlpMemory) -> None:
     passage = read_passage(o.text) if o.text is not None else None  # refused before the load
     run = prompt_run(Prompt(o.prompt), o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
                      bos_token=o.bos_token, check_length=o.position_in,
+                     check=o.check_all_sizes,
                      check_text=one_token_each(target=o.target, contrast=o.contrast))
     lm, tokens, spec = run.model, run.tokens, run.spec
     if corpus is not None:

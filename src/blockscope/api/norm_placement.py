@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 import typer
 
 from blockscope.api.common import command, err, out, status
-from blockscope.api.options import Options, Output, at_least, comma_list, flag, group
+from blockscope.api.options import Options, Output, at_least, comma_list, flag, group, within
 from blockscope.api.output import write
 from blockscope.api.text_options import TextFileOpt
 from blockscope.errors import BadValue, BlockscopeError
@@ -59,8 +59,10 @@ class NormPlacement(Options):
     out: Output = group(Output)
 
     def check(self) -> None:
-        at_least(1, seeds=self.seeds)
-        at_least(2, max_tokens=self.max_tokens)
+        within(1, 1000, seeds=self.seeds)
+        within(0, 1_000_000, train_steps=self.train_steps, warmup_steps=self.warmup_steps)
+        within(1, 8192, seq_len=self.seq_len, batch_size=self.batch_size)
+        within(2, 1_000_000, max_tokens=self.max_tokens)
         self.train().check()
         at_least(1, n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
                  train_layers=self.train_layers, train_d_model=self.train_d_model,

@@ -51,6 +51,9 @@ class Options:
     def check_all(self) -> None:
         for g in self.groups():
             g.check_all()
+        for f in dataclasses.fields(self):  # the ranges every command shares, by name
+            if f.name in LIMITS:
+                within(*LIMITS[f.name], **{f.name: getattr(self, f.name)})
         self.check()
 
     def check_all_sizes(self, sizes: dict) -> None:
@@ -93,6 +96,29 @@ def build(cls, values: dict):
         given[f.name] = (build(kind, values) if isinstance(kind, type)
                          and issubclass(kind, Options) else values[f.name])
     return cls(**given)
+
+
+# Options that mean the same in every command that has them, and their ranges (inclusive).
+LIMITS = {
+    "seed": (0, 2**32 - 1),  # numpy's and torch's seeds alike
+    "bootstrap": (0, 100_000),  # resamples: (resamples x units) indices are drawn at once
+    "batch_size": (1, 100_000),
+}
+
+
+def within(lo: float, hi: float, **values) -> None:
+    """Refuse any of `values` (None: not given) outside [lo, hi]."""
+    for name, value in values.items():
+        if value is not None and not lo <= value <= hi:
+            raise BadValue(f"`{name}` must be between {lo:,} and {hi:,} (got {value})")
+
+
+def at_most(maximum: float, what: str, **values) -> None:
+    """Refuse any of `values` (None: not given) above `maximum`, `what` it is (e.g. "the
+    model's 30 blocks")."""
+    for name, value in values.items():
+        if value is not None and value > maximum:
+            raise BadValue(f"`{name}` {value} is more than {what}")
 
 
 def at_least(minimum: float, **values) -> None:

@@ -17,6 +17,7 @@ from blockscope.api.facts import (
     check_facts,
     fact_prompt,
     many_facts,
+    window_of,
 )
 from blockscope.api.options import (
     BosTokenOpt,
@@ -26,11 +27,16 @@ from blockscope.api.options import (
     PromptBosOpt,
     above_zero,
     at_least,
+    at_most,
     group,
     tokens_given,
+    within,
 )
 from blockscope.api.output import write
 from blockscope.api.text_options import Prompt, Sweep
+
+ROME_WINDOW = 10  # ROME's window of restored blocks, where the model has as many
+MAX_SAMPLES = 1000  # noise samples: each is a row of every variant's batch (ROME: 10)
 
 
 @dataclass
@@ -49,8 +55,9 @@ class Trace(Options):
         help="The standard deviation the noise scale counts in: subjects (ROME's: of the "
         "subjects' token embeddings, every fact's with --facts), embeddings (of every "
         "entry of W_E), or a number.")] = "subjects"
-    window: Annotated[int, typer.Option(help="Blocks restored together for mlp and attn "
-                                        "(ROME: 10).")] = 10
+    window: Annotated[int | None, typer.Option(
+        help="Blocks restored together for mlp and attn (default: ROME's 10, or every block "
+        "of a model with fewer).", show_default=False)] = None
     sever: Annotated[str | None, typer.Option(
         help="Also trace the state with this part's later outputs frozen at their corrupted "
         "values: mlp or attn.", show_default=False)] = None
@@ -77,16 +84,15 @@ class Trace(Options):
             raise BadValue("give the `subject`, as it appears in the prompt")
         at_least(1, samples=self.samples, window=self.window)
         tokens_given(target=self.target)
-        check(self.kinds, self.samples, self.window, self.sever)
+        check(self.kinds, self.samples, self.window or 1, self.sever)
         above_zero(noise=self.noise)
+        within(1, MAX_SAMPLES, samples=self.samples)
         self.std_rule  # noqa: B018 (refuses a bad --noise-std)
 
     def check_sizes(self, sizes: dict) -> None:
-        n = sizes.get("n_layers")
-        if n is not None and self.window > n:
-            from blockscope.errors import BadValue
-
-            raise BadValue(f"`window` {self.window} is more blocks than the model's {n}")
+        if sizes.get("n_layers"):
+            at_most(sizes["n_layers"], f"the model's {sizes['n_layers']} blocks",
+                    window=self.window)
 
     @property
     def std_rule(self) -> str | float:
@@ -123,7 +129,8 @@ def trace(o: Trace) -> None:
     std, std_record = experiment.noise_std(lm, o.std_rule, [o.subject])
     with progress_bar(err, 1, "tracing", not o.out.quiet) as tick:
         df = experiment.trace(lm, run.tokens, span, target=target, kinds=o.kinds,
-                              samples=o.samples, window=o.window, noise=o.noise, std=std,
+                              samples=o.samples, window=window_of(o, lm, ROME_WINDOW),
+                              noise=o.noise, std=std,
                               sever=o.sever,
                               settings=o.sweep.settings(seed=o.seed).reporting(tick))
     a = df.attrs
@@ -134,7 +141,8 @@ def trace(o: Trace) -> None:
                     p_corrupted=a["p_corrupted"], noise_scale=a["noise_scale"],
                     noise_factor=o.noise, noise_std=std_record,
                     noise_rule=experiment.NOISE_RULE, seed=o.seed,
-                    samples=o.samples, window=o.window, kinds=o.kinds, sever=o.sever,
+                    samples=o.samples, window=window_of(o, lm, ROME_WINDOW), kinds=o.kinds,
+                    sever=o.sever,
                     engine=a["how"])
     stem = f"trace-{run.spec.slug}"
     extra = {}
@@ -157,7 +165,8 @@ def trace_facts(o: Trace, started: float) -> None:
 
     def one(lm, tokens, span, target):
         return experiment.trace(lm, tokens, span, target=target, kinds=o.kinds,
-                                samples=o.samples, window=o.window, noise=o.noise,
+                                samples=o.samples, window=window_of(o, lm, ROME_WINDOW),
+                                noise=o.noise,
                                 std=noise["std"], sever=o.sever,
                                 settings=o.sweep.settings(seed=o.seed))
 
@@ -172,7 +181,8 @@ def trace_facts(o: Trace, started: float) -> None:
     from blockscope.results.files import sidecar
 
     meta = sidecar(command="trace", model=model_record(spec, lm), **record, kinds=o.kinds,
-                   samples=o.samples, window=o.window, noise_factor=o.noise,
+                   samples=o.samples, window=window_of(o, lm, ROME_WINDOW),
+                   noise_factor=o.noise,
                    noise_std=noise["record"], noise_scale=o.noise * noise["std"], seed=o.seed,
                    noise_rule=experiment.NOISE_RULE + "; each fact's noise drawn from `seed`",
                    sever=o.sever, prepend_bos=o.prepend_bos, dtype=spec.dtype,

@@ -19,6 +19,9 @@ from blockscope.api.options import flag
 from blockscope.api.result import collecting
 from blockscope.errors import BlockscopeError
 
+REFUSED = 2  # the exit code of every refusal of bad input, Click's usage errors included
+INTERNAL = 1  # an unexpected error: a bug to report
+
 app = typer.Typer(
     help="A lab for looking inside a Transformer block: the measurements of the article "
     '"Multi-Head Attention and the Transformer Block", rerun on any model.',
@@ -68,8 +71,9 @@ def register(fn, cls) -> None:
 
 def run(fn, cls, values: dict):
     """Make the options, check them, run the command: bad input is one line on stderr and
-    exit 1, Ctrl-C writes nothing, anything else is an internal error (with the traceback
-    under BLOCKSCOPE_DEBUG=1)."""
+    exit 2 (as Click's usage errors: every refusal exits 2), Ctrl-C exits 130 and writes
+    nothing final, anything else is an internal error, exit 1 (with the traceback under
+    BLOCKSCOPE_DEBUG=1)."""
     from blockscope.api.options import build
     from blockscope.inputs import parallel
 
@@ -98,7 +102,7 @@ def run(fn, cls, values: dict):
         if rank == 0:  # every process meets the same bad input: say it once
             err.print(styled("error: ", "bold red", message), highlight=False, soft_wrap=True)
         parallel.report_failure(f"error: {message}")
-        raise typer.Exit(1)
+        raise typer.Exit(REFUSED)
     except KeyboardInterrupt:
         if rank == 0:
             err.print(partial.interrupted() if partial is not None
@@ -114,7 +118,7 @@ def run(fn, cls, values: dict):
         line = f"{where}{type(exc).__name__}: {exc} (set BLOCKSCOPE_DEBUG=1 for the traceback)"
         err.print(styled("internal error: ", "bold red", line), highlight=False, soft_wrap=True)
         parallel.report_failure(f"internal error: {line}")
-        raise typer.Exit(1)
+        raise typer.Exit(INTERNAL)
     finally:
         if "torch.distributed" in sys.modules:
             parallel.finish()

@@ -24,6 +24,14 @@ def check_sizes(cfg: StackConfig, what: str) -> None:
     if cfg.d_model % cfg.n_heads:
         raise BlockscopeError(f"{what}: n_heads {cfg.n_heads} does not divide d_model "
                               f"{cfg.d_model}")
+    params = cfg.n_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_mlp)
+    if params > MAX_PARAMS:
+        raise BlockscopeError(f"{what}: {cfg.n_layers} layers of d_model {cfg.d_model} are "
+                              f"{params:,} parameters in the blocks, more than the "
+                              f"{MAX_PARAMS:,} a CPU run of these stacks is sized for")
+
+
+MAX_PARAMS = 2_000_000_000  # a stack's block parameters: 8 GB in float32, and its gradients
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from blockscope.model.spec import ModelSpec
 
 
 def peek_sizes(spec: ModelSpec) -> dict | None:
-    """n_layers, n_heads and n_ctx from the config alone (a local directory's config.json,
-    or the cache), so options can be checked before the weights load; None when no
-    config is at hand without loading (the load then says why)."""
+    """n_layers, n_heads, n_ctx, d_vocab and d_mlp from the config alone (a local
+    directory's config.json, or the cache), so options can be checked before the weights
+    load; None when no config is at hand without loading (the load then says why)."""
     import json
 
     try:
@@ -29,7 +29,11 @@ def peek_sizes(spec: ModelSpec) -> dict | None:
         return None
     from blockscope.model.arch import config_get
 
-    return {name: config_get(data, name) for name in ("n_layers", "n_heads", "n_ctx")}
+    sizes = {name: config_get(data, name) for name in ("n_layers", "n_heads", "n_ctx",
+                                                       "d_vocab", "d_mlp")}
+    if sizes["d_mlp"] is None and config_get(data, "d_model") is not None:
+        sizes["d_mlp"] = 4 * config_get(data, "d_model")  # GPT-2's rule where it is unset
+    return sizes
 
 
 def peek_tokenizer(spec: ModelSpec):
