@@ -132,3 +132,33 @@ def test_the_public_face_is_what_docs_python_md_documents():
         if name not in ("BlockscopeError", "Result"):
             assert "Args:" in doc and "Returns:" in doc, name
     assert "--" not in bs.ablate.__doc__.split("Args:")[1]  # parameters, not flags
+
+
+def test_the_digest_and_the_sidecar_do_not_depend_on_the_folder(tiny_dir, tmp_path,
+                                                                monkeypatch):
+    """The same settings name the same files from the repository, from another folder
+    (where `data/alice.txt` is the installed copy and the model's path is spelled
+    otherwise) and from Python: the digest hashes what was measured, and the sidecar
+    records the text's resolved path."""
+    import json
+    import os
+
+    def cli(cwd, model):
+        monkeypatch.chdir(cwd)
+        out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        res = CliRunner().invoke(app, ["ablate", "--max-tokens", "5", "--bootstrap", "0",
+                                       "--no-plot", "--model", model, "--out-dir", str(out)])
+        assert res.exit_code == 0, res.output
+        (sidecar,) = out.glob("*.json")
+        return sidecar.name, json.loads(sidecar.read_text())
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    a = cli(REPO, str(tiny_dir))
+    b = cli(elsewhere, os.path.relpath(tiny_dir, elsewhere))
+    assert a[0] == b[0]  # the same digest in the same file name
+    assert a[1]["text"] == b[1]["text"]
+    assert a[1]["settings_digest"] == b[1]["settings_digest"]
+    monkeypatch.chdir(elsewhere)
+    assert bs.ablate(bs.load(str(tiny_dir)), max_tokens=5, bootstrap=0).digest == \
+        a[1]["settings_digest"]

@@ -88,7 +88,7 @@ class CorpusRun:
         from blockscope.sweeps.naive import default_stride
 
         n_ctx = self.model.cfg.n_ctx
-        data = ({"text": {"path": str(self.passage.path), "sha256": self.passage.sha256},
+        data = ({"text": {"path": self.passage.where, "sha256": self.passage.sha256},
                  "max_tokens": self.source.max_tokens,
                  "token_ids": self.docs.record["token_ids"]} if self.passage is not None
                 else {"dataset": self.docs.record, "n_docs": self.docs.record["n_docs"]})

@@ -103,7 +103,7 @@ def norm_placement(o: NormPlacement) -> None:
         render(summary, finals, claims, o.warmup_steps, plateau)
     meta = experiment.sidecar_record(init_cfg, train_cfg, tc)
     meta.update(command="norm-placement", model=o.model, tokenizer=o.tokenizer.value,
-                text={"path": str(passage.path), "sha256": passage.sha256},
+                text={"path": passage.where, "sha256": passage.sha256},
                 init_tokens=min(o.max_tokens, init_cfg.n_ctx, data.numel() - 1),
                 seeds=o.seeds, seed=o.seed, claims=claims.to_dict(orient="records"),
                 plateau_nats=plateau,

@@ -17,10 +17,16 @@ from blockscope.errors import BadValue
 OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite", "fresh"}
 
 
+FILE_OPTIONS = {"dataset", "facts"}  # text options that may name a local file or folder
+
+
 def settings_digest(o) -> str:
     """8 hex digits naming the running command's settings: every option and argument as
-    parsed (defaults included) but the output-only ones, and the content (sha256) of every
-    file given. Runs whose settings differ never share a file name; identical ones do."""
+    parsed (defaults included) but the output-only ones, with what was measured in place
+    of how it was spelled: a file's or local dataset's content (sha256), not its path; the
+    model as resolved (a local folder's absolute path, a hub id, the default's choice),
+    not as typed. Runs whose settings differ never share a file name; identical ones do,
+    from any folder and from Python."""
     import hashlib
 
     record: dict = {"command": o.name}
@@ -28,19 +34,47 @@ def settings_digest(o) -> str:
     for key, value in sorted(params.items()):
         if key in OUTPUT_ONLY:
             continue
-        if isinstance(value, (list, tuple)):
+        if key == "model":
+            value = model_identity(value, params)
+        elif isinstance(value, (list, tuple)):
             value = [v.value if isinstance(v, Enum) else str(v) for v in value]
         elif isinstance(value, Enum):
             value = value.value
-        elif (isinstance(value, Path) and value.is_file()) or (
-                key == "dataset" and value is not None and Path(value).expanduser().exists()):
+        elif isinstance(value, Path) or (key in FILE_OPTIONS and value is not None):
+            found = _file(key, value)
             # a file's content, or a local dataset's (a hub dataset: its id and --revision)
-            value = {"path": str(value), "sha256": content_sha256(Path(value).expanduser())}
-        elif isinstance(value, Path):
-            value = str(value)
+            value = {"sha256": content_sha256(found)} if found is not None else str(value)
         record[key] = value
     text = repr(sorted(record.items()))  # deterministic; nan and inf hash like any value
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _file(key: str, value) -> Path | None:
+    """The local file or folder an option names (the default passage: the installed copy
+    where the folder has none), or None."""
+    from blockscope.inputs.text import DEFAULT_TEXT, packaged_alice
+
+    path = Path(value).expanduser()
+    if key == "text" and path == DEFAULT_TEXT and not path.exists():
+        path = packaged_alice()
+    if path.is_file() or (key == "dataset" and path.is_dir()):
+        return path
+    return None
+
+
+def model_identity(name, params: dict) -> str | None:
+    """The model the run will measure, as `spec_for` resolves it: a local folder's absolute
+    path, a hub id, the default's choice here (GPT-2, or the offline model); the name as
+    given where it does not resolve (the load then says why)."""
+    from blockscope.errors import BlockscopeError
+    from blockscope.model.loading import spec_for
+
+    if not isinstance(name, str | None) or "allow_pickle" not in params:
+        return name  # norm-placement's --model names sizes only, read as given
+    try:
+        return spec_for(name).source
+    except BlockscopeError:
+        return name
 
 
 def content_sha256(path: Path) -> str | None:

@@ -50,7 +50,7 @@ class Prompt(Options):
             text, stripped = as_prompt(passage.text)
             if not text.strip():
                 raise BadValue(f"`text` {passage.path}: the prompt is empty")
-            return text, {"path": str(passage.path), "sha256": passage.sha256,
+            return text, {"path": passage.where, "sha256": passage.sha256,
                           "stripped": stripped}
         if not self.prompt.strip():
             raise BlockscopeError("the prompt is empty")

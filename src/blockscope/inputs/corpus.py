@@ -220,7 +220,7 @@ def passage_docs(passage, tokenizer, source: Source, comm: Comm | None = None) -
                    max_tokens=source.max_tokens)
     mine = comm.owns(0)
     return Docs([ids] if mine else [], [0] if mine else [], "chunk", comm,
-                {"path": str(passage.path), "sha256": passage.sha256,
+                {"path": passage.where, "sha256": passage.sha256,
                  "n_tokens": int(ids.shape[-1]) - int(source.prepend_bos),
                  "token_ids": ids_record(ids[0])})
 

@@ -19,6 +19,12 @@ class Passage:
     text: str  # decoded UTF-8 content
     sha256: str  # of the file's bytes, recorded in the sidecar
 
+    @property
+    def where(self) -> str:
+        """The file's absolute path, links resolved: what a sidecar records, the same
+        whichever folder the command ran from."""
+        return str(self.path.resolve())
+
 
 @dataclass(frozen=True)
 class Window:
