@@ -142,6 +142,26 @@ def test_bos_token_is_chosen_recorded_and_can_be_overridden(offline_model, tmp_p
     assert bad.exit_code == 2 and "not one" in bad.stderr
 
 
+def test_a_held_model_records_the_bos_the_command_line_records(offline_model, tmp_path):
+    """`bs.load` chooses the BOS (the document separator, not the chat marker); every
+    command run on the held model, before and after one with --bos-token, records that
+    choice with the command line's reason, not "the tokenizer's BOS token"."""
+    import blockscope as bs
+
+    res = run("resid-norm", "The capital", "--model", NAME, "--prepend-bos", "--no-plot",
+              "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    cli = json.loads(result(tmp_path, f"resid-norm-{NAME}-bos.json").read_text())["model"]
+    assert "marks a chat turn" in cli["bos"]["reason"]
+    model = bs.load(NAME)
+    first = bs.resid_norm(model, prompt="The capital", prepend_bos=True).meta["model"]["bos"]
+    other = bs.resid_norm(model, prompt="The capital", prepend_bos=True,
+                          bos_token="<|im_start|>").meta["model"]["bos"]
+    again = bs.resid_norm(model, prompt="The capital", prepend_bos=True).meta["model"]["bos"]
+    assert first == again == cli["bos"]
+    assert other["text"] == "<|im_start|>" and other["reason"] == "given with --bos-token"
+
+
 def test_every_command_runs_on_the_offline_model(offline_model, tmp_path):
     for args in (["shapes", "The capital of France is"], ["params"],
                  ["attention", "The capital", "--layer", "1"],

@@ -102,7 +102,11 @@ def choose_bos(tokenizer, override: str | None = None) -> dict:
     Otherwise the tokenizer's own BOS, unless its chat template writes it (a chat-turn
     marker, such as SmolLM2's `<|im_start|>`) and the vocabulary has a document separator
     (`<|endoftext|>`): then that. Returns {id, text, reason} for the sidecars; the tokenizer's
-    `bos_token` is set to it, so every command and TransformerLens prepend the same token."""
+    `bos_token` is set to it, so every command and TransformerLens prepend the same token.
+    The choice is made from the tokenizer's own BOS, kept aside the first time, so a model
+    held across commands (the Python face) gets the same choice and reason each time."""
+    if not hasattr(tokenizer, "blockscope_own_bos"):
+        tokenizer.blockscope_own_bos = tokenizer.bos_token
     if override is not None:
         ids = tokenizer.encode(override, add_special_tokens=False)
         if len(ids) != 1:
@@ -110,7 +114,7 @@ def choose_bos(tokenizer, override: str | None = None) -> dict:
                                   "model's tokenizer, not one")
         text, reason = tokenizer.convert_ids_to_tokens(ids[0]), "given with --bos-token"
     else:
-        text = tokenizer.bos_token
+        text = tokenizer.blockscope_own_bos
         if text is None:
             return {"id": None, "text": None, "reason": "the tokenizer has no BOS token"}
         template = getattr(tokenizer, "chat_template", None) or ""
@@ -118,7 +122,7 @@ def choose_bos(tokenizer, override: str | None = None) -> dict:
         separator = next((s for s in DOCUMENT_SEPARATORS if s in vocab and s != text), None)
         if text in template and separator is not None:
             text, reason = separator, (
-                f"the tokenizer's BOS {tokenizer.bos_token!r} marks a chat turn (its chat "
+                f"the tokenizer's BOS {tokenizer.blockscope_own_bos!r} marks a chat turn (its chat "
                 f"template writes it); {separator!r}, the document separator, is what the "
                 "model saw at document starts in pretraining")
         else:
