@@ -478,3 +478,36 @@ def test_help_never_cuts_an_option_or_a_default(columns):
         text = helped(name)
         assert "\u2026" not in text and "<bool>" not in text, (name, text)
         assert max(map(len, text.splitlines())) <= columns, (name, text)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_help_keeps_every_literal_whole_and_every_summary_whole(columns):
+    """At 80 columns Click broke `resid-pre` at its hyphen and `' Paris'` at its space, and
+    cut every command's summary in `blockscope --help` with `...`. Every quoted literal
+    and hyphenated word of a command's help now stands whole on one line, and the
+    top-level help shows each command's first paragraph whole. (Narrower, an option's
+    column can be shorter than a literal, which is then broken rather than overflow.)"""
+    import typing
+
+    from blockscope.api.common import COMMANDS
+    from blockscope.api.options import parameters
+    from blockscope.cli import help as help_text
+
+    def shown(*args):
+        return CliRunner().invoke(app, [*args], terminal_width=columns).stdout
+
+    top = shown("--help")
+    assert not any(line.rstrip().endswith("...") for line in top.splitlines()[1:]), top
+    flat = " ".join(top.split())
+    for name, (fn, cls) in COMMANDS.items():
+        doc = " ".join((fn.__doc__ or "").split("\n\n")[0].split())
+        assert doc in flat, (name, top)
+        helps = [getattr(typing.get_args(kind)[1], "help", None) or ""
+                 for _, kind, _ in parameters(cls)]
+        source = " ".join(" ".join(t.split()) for t in [fn.__doc__ or "", *helps])
+        pieces = {m[0] for m in help_text.LITERAL.finditer(source)} | {
+            w.strip("().,;:'\"") for w in source.split() if help_text.HYPHEN.search(w)}
+        lines = shown(name, "--help").splitlines()
+        for piece in pieces:
+            assert any(piece in line for line in lines), (name, piece, lines)
+    assert any("(' Paris')" in line for line in shown("trace", "--help").splitlines())

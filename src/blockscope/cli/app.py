@@ -17,12 +17,14 @@ from blockscope.api.common import COMMANDS, DISTRIBUTED
 from blockscope.api.console import err, out, styled
 from blockscope.api.options import flag
 from blockscope.api.result import collecting
+from blockscope.cli import help as help_text
 from blockscope.errors import BlockscopeError
 
 REFUSED = 2  # the exit code of every refusal of bad input, Click's usage errors included
 INTERNAL = 1  # an unexpected error: a bug to report
 
 app = typer.Typer(
+    cls=help_text.Group,
     help="A lab for looking inside a Transformer block: the measurements of the article "
     '"Multi-Head Attention and the Transformer Block", rerun on any model.',
     no_args_is_help=True,
@@ -66,7 +68,7 @@ def register(fn, cls) -> None:
     entry.__signature__ = inspect.Signature(params)
     entry.__annotations__ = {p.name: p.annotation for p in params}
     entry.__name__, entry.__doc__ = fn.__name__, fn.__doc__
-    app.command(cls.name)(entry)
+    app.command(cls.name, cls=help_text.Command)(entry)
 
 
 def run(fn, cls, values: dict):
