@@ -108,33 +108,27 @@ def test_a_killed_trace_resumes_to_the_same_files(tiny_dir, tmp_path, facts):
     assert not (part / ".partial").exists()  # removed once the final files are written
 
 
-def test_ctrl_c_says_what_was_kept_and_exits_130(tiny_dir, tmp_path, facts):
+def test_ctrl_c_keeps_its_units_for_the_same_settings_only(tiny_dir, tmp_path, facts):
+    """Ctrl-C says what was kept and exits 130; the kept units are not read by a run with
+    another seed (another digest, so another folder), nor by one with --fresh."""
     out = tmp_path / "out"
-    code, stderr, k = interrupted(trace_args(tiny_dir, facts, out), out, 1, signal.SIGINT)
-    assert code == 130
+    args = trace_args(tiny_dir, facts, out)
+    code, stderr, k = interrupted(args, out, 1, signal.SIGINT)
+    assert code == 130 and k >= 1
     assert not list(out.glob("*.csv"))
     assert stderr.strip().splitlines() == [
         f"interrupted: {k} of {len(FACTS)} facts kept; run the same command again to "
         "continue"], stderr
-
-
-def test_other_settings_never_mix_and_fresh_starts_over(tiny_dir, tmp_path, facts):
-    """Units kept under one seed are not read by a run with another (another digest, so
-    another folder), are read back by a rerun of the same settings, and not with --fresh."""
-    out = tmp_path / "out"
-    args = trace_args(tiny_dir, facts, out)
-    _, _, k = interrupted(args, out, 1, signal.SIGKILL)
-    assert k >= 1
     cli(*args, "--seed", 1)
     meta = json.loads(result(out, "trace-tiny-gpt2-facts.json").read_text())
     assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (len(FACTS), 0)
     assert len(units(out)) == k  # the seed-0 run's units are still kept
-    cli(*args, "--fresh", "--out-dir", tmp_path / "fresh")  # elsewhere: nothing to drop
-    (tmp_path / "out" / "trace-tiny-gpt2-facts.json").unlink(missing_ok=True)
+    for name in ("facts.json", "facts.csv", "facts-per-fact.csv"):  # the seed-1 run's
+        result(out, f"trace-tiny-gpt2-{name}").unlink()
     cli(*args, "--fresh")
-    metas = sorted(out.glob("trace-tiny-gpt2-facts-*.json"))
-    fresh = [json.loads(p.read_text()) for p in metas if json.loads(p.read_text())["seed"] == 0]
-    assert (fresh[0]["partial"]["computed"], fresh[0]["partial"]["reused"]) == (len(FACTS), 0)
+    meta = json.loads(result(out, "trace-tiny-gpt2-facts.json").read_text())
+    assert meta["seed"] == 0
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (len(FACTS), 0)
     assert not (out / ".partial").exists()
 
 
