@@ -62,7 +62,7 @@ def test_whitespace_tokens_are_visible(tiny):
     newline = tiny.tokenizer.encode("\n", add_special_tokens=False)[0]
     space_word = tiny.tokenizer.encode(" capital", add_special_tokens=False)[0]
     assert token_label(tiny.tokenizer, newline) == "\\n"
-    assert token_label(tiny.tokenizer, space_word) == "␠capital"
+    assert token_label(tiny.tokenizer, space_word) == "␣capital"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -124,8 +124,8 @@ def test_attention_csv_sums_to_one_and_is_causal(tiny_dir, tmp_path):
     assert sums.to_numpy() == pytest.approx(1.0, abs=1e-6)
     assert (df[df["key_pos"] > df["query_pos"]]["weight"] == 0).all()
     assert df[df["query_pos"] == 0]["query_token"].iloc[0] == "<|endoftext|>"  # BOS's text
-    assert " capital" in set(df["query_token"])  # the token's own text, not the table's ␠
-    assert "␠capital" in res.stdout and "top-3 keys per query" in res.stdout
+    assert " capital" in set(df["query_token"])  # the token's own text, not the table's ␣
+    assert "␣capital" in res.stdout and "top-3 keys per query" in res.stdout
     from blockscope.experiments.attention import top_keys
 
     for i, (_, keys) in enumerate(top_keys(df, 0, 1)):  # only keys the query can see

@@ -246,3 +246,22 @@ def test_norm_train_picture_is_loss_against_rate_with_the_plateau():
     labels = ax.get_legend_handles_labels()[1]
     assert "unigram plateau 3.08" in labels and "trained: below 2.78" in labels
     assert any(line.get_marker() == "x" for line in ax.get_lines())  # the diverged run
+
+
+@pytest.mark.parametrize("low, high", [(0.85, 1.7), (0.98, 1.2), (0.3, 1.7), (0.9, 1400)])
+def test_a_log_axis_has_readable_ticks_over_any_span(low, high):
+    """`ablate --part attn --method mean` drew bars up to 1.7x on a log axis labelled only
+    at 0.9 and 1: every log axis now has at least four labelled ticks inside its range."""
+    import numpy as np
+    import pandas as pd
+
+    ratios = [1.0, *np.linspace(low, high, 30)]
+    df = pd.DataFrame({"layer": [None, *range(30)], "part": ["none"] + ["attn"] * 30,
+                       "perplexity": [22.24 * r for r in ratios]})
+    fig = ablation_plot(df, "x")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    shown = [t.get_text() for t in ax.get_yticklabels()
+             if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert len(shown) >= 4 and "1" in shown, shown

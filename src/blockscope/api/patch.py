@@ -105,7 +105,7 @@ def render(df, label: str, target: str, contrast: str | None) -> None:
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
-    # tokens as the tables show them (␠Paris): a quoted ' Paris' wraps at its own space
+    # tokens as the tables show them (␣Paris): a quoted ' Paris' wraps at its own space
     what = f"logit({visible(target)}) - logit({visible(contrast)})" if contrast else \
         f"log_prob({visible(target)})"
 

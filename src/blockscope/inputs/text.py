@@ -176,12 +176,12 @@ def windows(n_tokens: int, n_ctx: int, stride: int) -> list[Window]:
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    """A token's own text, as data files keep it (` is`, not the tables' `␠is`)."""
+    """A token's own text, as data files keep it (` is`, not the tables' `␣is`)."""
     return tokenizer.decode([token_id])
 
 
 def visible(text: str) -> str:
-    """A token's text for a table or picture: spaces as '␠', newlines as '\\n', tabs as
+    """A token's text for a table or picture: spaces as '␣', newlines as '\\n', tabs as
     '\\t' (an empty label would read as nothing)."""
-    return str(text).replace(" ", "␠").replace("\n", "\\n").replace("\t", "\\t") or "∅"
+    return str(text).replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t") or "∅"
 

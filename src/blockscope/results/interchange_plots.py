@@ -60,7 +60,7 @@ def trace_plot(df: pd.DataFrame, span: tuple[int, int], title: str, word: str) -
         ax.set_title({"resid": "state after the block", "mlp": "MLP outputs",
                       "attn": "attention outputs"}.get(kind, kind.replace("-", " ")))
         fig.colorbar(im, ax=ax, shrink=0.8, label=f"P({_drawable(word)})")
-    fig.suptitle(title)
+    fig.suptitle(f"{title}\n* the subject's tokens, noised in the corrupted run", fontsize=10)
     return fig
 
 

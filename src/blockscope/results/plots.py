@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import (
+    FuncFormatter,
+    Locator,
+    LogFormatter,
+    LogLocator,
+    MaxNLocator,
+    NullLocator,
+)
 
 DPI = 120
 
@@ -36,11 +43,11 @@ def _grid_ticks(ax, n_rows: int, n_cols: int) -> None:
 
 
 def _drawable(text: str) -> str:
-    """A token's text in the plot font, whitespace visible: the tables' '\u2420' is not in
-    it, so a middle dot stands for a space."""
+    """A token's text as the tables show it, whitespace visible (`\u2423` for a space: the
+    plot font has it)."""
     from blockscope.inputs.text import visible
 
-    return visible(text).replace("\u2420", "\u00b7")
+    return visible(text)
 
 
 class _PlainLog(LogFormatter):
@@ -51,11 +58,37 @@ class _PlainLog(LogFormatter):
         return f"{x:,.0f}" if abs(x) >= 1e3 else f"{x:.4g}"  # 80,000, not 8e+04; 1,000
 
 
+class _ReadableLog(Locator):
+    """Ticks a reader can read off a log axis: where the axis spans under a factor of 3,
+    evenly spaced round numbers (0.9, 1, 1.1, ...: matplotlib's log ticks labelled only 0.9
+    and 1 on an axis from 0.85 to 1.75); up to 1.5 decades, 1, 1.5, 2, 3, 5 and 7 times each
+    power of ten; wider, 1, 2 and 5 times."""
+
+    def __call__(self):
+        lo, hi = self.axis.get_view_interval()
+        return self.tick_values(lo, hi)
+
+    def tick_values(self, vmin, vmax):
+        lo, hi = sorted((vmin, vmax))
+        lo = max(lo, 1e-300)
+        if hi / lo < 3:
+            return MaxNLocator(nbins=10, steps=[1, 2, 5, 10]).tick_values(lo, hi)
+        subs = (1, 1.5, 2, 3, 5, 7) if hi / lo < 30 else (1, 2, 5)
+        return LogLocator(base=10, subs=subs).tick_values(lo, hi)
+
+
 def _log_y(ax) -> None:
-    """A log y axis labelled in plain numbers, major and minor ticks (every log axis here)."""
+    """A log y axis with round, readable ticks (`_ReadableLog`) in plain numbers (every log
+    axis here)."""
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(_PlainLog(labelOnlyBase=False))
-    ax.yaxis.set_minor_formatter(_PlainLog(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    ax.yaxis.set_major_locator(_ReadableLog())
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _plain(x: float, _pos=None) -> str:
+    """1.4, not 1.4 x 10^0; 80,000, not 8e+04."""
+    return f"{x:,.0f}" if abs(x) >= 1e3 else f"{x:.4g}"
 
 
 def ablation_plot(df: pd.DataFrame, title: str, labels: list[str] | None = None,
