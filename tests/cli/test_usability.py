@@ -426,8 +426,17 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
         for _ in range(3):
             step()
     lines = buf.getvalue().splitlines()
-    assert lines == ["sweep: 1/10, 100 s", "sweep: 2/10, 101 s, about 8 s left",
+    assert lines == ["sweep: 1/10, 100 s", "sweep: 2/10, 101 s",  # one later step: no guess
                      "sweep: 3/10, 102 s, about 7 s left"]
+    # a batch of variants finishing at one instant gave "about 0 s left": no guess from it
+    now = iter([0.0, 50.0] + [50.001] * 5 + [60.0] * 5)
+    buf = io.StringIO()
+    with render.progress_bar(Console(file=buf, width=100), 10, "sweep") as step:
+        for _ in range(10):
+            step()
+    lines = buf.getvalue().splitlines()
+    assert not any("about 0 s left" in line for line in lines), lines
+    assert lines[5] == "sweep: 6/10, 50 s"  # the batch's steps: under 2 s of later steps
 
     class Task:  # what Rich's column reads of a task
         total, fields = 10, {}
@@ -442,6 +451,7 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
     assert column.render(Task(1, 100.0)).plain == "-:--:--"
     Task.fields = {"first_step_at": 100.0}
     assert column.render(Task(3, 104.0)).plain == "0:00:14"  # 2 s a step, 7 steps left
+    assert column.render(Task(3, 100.5)).plain == "-:--:--"  # steps at one instant
 
 
 def test_a_piped_run_says_a_long_step_and_keeps_a_quick_refusal_one_line(monkeypatch):

@@ -124,9 +124,12 @@ def test_cached_reads_equal_the_naive_loop_and_a_slip_falls_back(family, tmp_pat
     ids = model.tokenizer(alice_text, return_tensors="pt").input_ids[:, :T]
     cols = ["total", "direct", "final_norm", "downstream"]
     for part in ("block", "attn", "mlp"):
-        got = {e: decomposed(model, ids, part=part, settings=RunSettings(engine=e))[1]
+        ticks = {"cached": [], "naive": []}  # progress: one step per removal, as each is read
+        got = {e: decomposed(model, ids, part=part, settings=RunSettings(
+            engine=e, batch_size=2, progress=lambda t=ticks[e]: t.append(1)))[1]
                for e in ("cached", "naive")}
         assert (got["cached"][cols] - got["naive"][cols]).abs().max().max() < 1e-5
+        assert len(ticks["cached"]) == len(ticks["naive"]) == model.cfg.n_layers
     honest = decomposed(model, ids, part="mlp")[0]
     assert honest.attrs["engine"] == {"engine": "cached"}
     original = streams.start

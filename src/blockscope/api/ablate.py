@@ -118,8 +118,10 @@ def decomposed(o: Ablate, c) -> None:
     part, method = o.part.value, o.method.value
 
     n_windows = sum(len(model_windows(run.model, ids, o.window.stride)) for ids in run.docs.ids)
-    with progress_bar(err, n_windows, f"splitting each removal ({REMOVED[part]})",
-                      not o.out.quiet) as step:
+    # one step per removal per window: every component is removed (the reads of a window
+    # come in batches, so the bar moves batch by batch)
+    with progress_bar(err, n_windows * run.model.cfg.n_layers,
+                      f"splitting each removal ({REMOVED[part]})", not o.out.quiet) as step:
         df, tokens = experiment.decomposed(run.model, run.docs, part=part, method=method,
                                            settings=c.settings.reporting(step))
     title = f"{run.spec.label} on {run.describe()}"

@@ -132,7 +132,7 @@ def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSe
             clean, got, how = streams.reads(
                 model, ids, w, variants[d], functools.partial(Readout, model),
                 engine_name=settings.engine, batch_size=settings.batch_size,
-                clean=cleans[wi] if cleans is not None else None)
+                clean=cleans[wi] if cleans is not None else None, progress=settings.progress)
             hows.append(how)
             position = np.arange(w.offset, w.end - w.begin) + w.begin
             target = ids[0, w.begin + w.offset : w.end].cpu().numpy()
@@ -146,8 +146,6 @@ def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSe
                 for j in range(n):
                     frame[f"downstream_{j}"] = t["downstream"][j].cpu().numpy()
                 per_token.append(frame)
-            if settings.progress:
-                settings.progress()
     tokens = pd.concat(per_token, ignore_index=True)
     cols = [f"downstream_{j}" for j in range(n)]
     tokens["downstream"] = tokens[cols].sum(axis=1, min_count=1).fillna(0.0)

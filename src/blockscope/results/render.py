@@ -155,16 +155,27 @@ def progress_bar(
 class _Remaining(TimeRemainingColumn):
     """The time left from the steps after the first: a sweep's first step is its clean pass
     (or a fit's first batch), not a variant, and Rich's own estimate from it alone was far
-    off ("about 361 s left"). "-:--:--" until a step after the first has finished."""
+    off ("about 361 s left"). "-:--:--" until `estimate` has enough to go on."""
 
     def render(self, task):
-        if task.completed < 2 or task.total is None:
-            return Text("-:--:--", style="progress.remaining")
         first = task.fields.setdefault("first_step_at", None)
-        if first is None:
-            return Text("-:--:--", style="progress.remaining")
-        rate = (task.get_time() - first) / (task.completed - 1)  # seconds per later step
-        return Text(_clock(rate * (task.total - task.completed)), style="progress.remaining")
+        left = None if first is None or task.total is None else estimate(
+            task.completed, task.total, task.get_time() - first)
+        return Text("-:--:--" if left is None else _clock(left), style="progress.remaining")
+
+
+ESTIMATE_AFTER_S = 2.0  # seconds of steps after the first before the time left is guessed
+
+
+def estimate(done: int, total: int, since_first: float) -> float | None:
+    """Seconds left, from the steps after the first (`since_first`: seconds since it
+    ended), or None until there is enough to go on: a tenth of the steps, at least two,
+    over at least ESTIMATE_AFTER_S. Variants finish in batches, several at one instant,
+    so a few steps' rate read 0 ("about 0 s left") on every sweep's first line."""
+    later = done - 1
+    if done >= total or later < max(2, total // 10) or since_first < ESTIMATE_AFTER_S:
+        return None
+    return since_first / later * (total - done)
 
 
 def _clock(seconds: float) -> str:
@@ -209,8 +220,8 @@ def _plain_progress(console: Console, total: int, description: str) -> Callable:
         if tenth > state["shown"]:
             state["shown"] = tenth
             spent, done, n = now - state["start"], state["done"], state["total"]
-            per = (now - state["first"]) / (done - 1) if done >= 2 else None
-            left = "" if per is None or done == n else f", about {per * (n - done):.0f} s left"
+            guess = estimate(done, n, now - state["first"])
+            left = "" if guess is None else f", about {guess:.0f} s left"
             console.print(f"{description}: {done}/{n}, {spent:.0f} s{left}",
                           highlight=False, soft_wrap=True)
 

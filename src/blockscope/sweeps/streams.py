@@ -54,12 +54,13 @@ class Reader(Protocol):
 
 def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
           reader: Callable[..., Reader], *, engine_name: str = "cached",
-          clean: Clean | None = None, batch_size: int | None = None
-          ) -> tuple[dict, list[dict], dict]:
+          clean: Clean | None = None, batch_size: int | None = None,
+          progress: Callable[[], None] | None = None) -> tuple[dict, list[dict], dict]:
     """(the clean run's reads, each variant's, how it ran) for window `w` of `ids` (1, pos).
     `reader(h, rows, targets)` builds the readout from the clean run's final residual h
     (T, d_model), the positions predicting the scored tokens (n_scored,) and those tokens;
-    `clean`: this window's clean pass, if at hand (cached)."""
+    `clean`: this window's clean pass, if at hand (cached); `progress()` is called as each
+    variant is read (a fallback's naive reads are not counted again)."""
     chunk = ids[:, w.begin : w.end].to(model.cfg.device)
     targets = chunk[0, w.offset:]
     rows = torch.arange(w.offset - 1, chunk.shape[-1] - 1, device=chunk.device)
@@ -68,11 +69,15 @@ def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
         return reader(h, rows, targets)
 
     if engine_name == "cached":
-        why, got = _cached(model, ids, w, chunk, targets, variants, made, clean, batch_size)
+        why, got = _cached(model, ids, w, chunk, targets, variants, made, clean, batch_size,
+                           progress)
         if got is not None:
             return (*got, {"engine": "cached"})
-        return (*_naive(model, chunk, targets, variants, made), {"engine": "naive", **why})
-    return (*_naive(model, chunk, targets, variants, made), {"engine": "naive"})
+        return (*_naive(model, chunk, targets, variants, made,
+                        progress=progress if "why_naive" in why else None),
+                {"engine": "naive", **why})
+    return (*_naive(model, chunk, targets, variants, made, progress=progress),
+            {"engine": "naive"})
 
 
 def _site(e) -> str | None:
@@ -81,9 +86,11 @@ def _site(e) -> str | None:
     return None if e.component == "block" else e.point
 
 
-def _naive(model, chunk, targets, variants, reader, base: tuple | None = None):
+def _naive(model, chunk, targets, variants, reader, base: tuple | None = None,
+           progress: Callable[[], None] | None = None):
     """Reads by one hooked forward per variant (the reference), the centred logit from the
-    model's own logits. `base`: (the clean forward's kept points, its reader), if at hand."""
+    model's own logits. `base`: (the clean forward's kept points, its reader), if at hand;
+    `progress()` after each variant."""
     sites = sorted({_site(e) for v in variants for e in v.edits} - {None})
     if base is None:
         run = _forward(model, chunk, (), sites)
@@ -101,6 +108,8 @@ def _naive(model, chunk, targets, variants, reader, base: tuple | None = None):
         else:  # a skipped block: its output, which the next block receives
             got["change"] = got["stream"][e.layer + 1] - clean["stream"][e.layer + 1]
         out.append(got)
+        if progress is not None:
+            progress()
     return clean, out
 
 
@@ -135,7 +144,8 @@ def _read(r: Reader, run: dict, targets) -> dict:
         return got
 
 
-def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size):
+def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
+            progress=None):
     """({"why_naive": ...}, None) where the engine has no entry for them, ({"fallback":
     ...}, None) where it fails its self-check, else (None, reads)."""
     lay = arch.layout(model)
@@ -156,7 +166,7 @@ def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size):
     kept = {"stream": [p[0] for p in clean.pre], "acts": {s: clean.acts[s][0] for s in sites}}
     with torch.inference_mode():
         base = _read(r, kept, targets)
-        out = _resumed(model, lay, clean, starts, r, base, plain, batch_size)
+        out = _resumed(model, lay, clean, starts, r, base, plain, batch_size, progress)
     firsts: dict = {}
     for i, s in enumerate(starts):
         firsts.setdefault(s.kind, i)
@@ -174,8 +184,9 @@ def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size):
 
 
 def _resumed(model, lay, clean: Clean, starts, r: Reader, base: dict, plain,
-             batch_size: int | None) -> list[dict]:
-    """Each variant's reads, batched through the engine's loop from where it departs."""
+             batch_size: int | None, progress=None) -> list[dict]:
+    """Each variant's reads, batched through the engine's loop from where it departs
+    (`progress()` once per variant, as its batch finishes)."""
     size = 1 if plain is None else (  # through the bridge's blocks: one at a time
         batch_size or engine.default_batch_size(model, clean.pre[0].shape[1], True))
     out: list = [None] * len(starts)
@@ -200,6 +211,8 @@ def _resumed(model, lay, clean: Clean, starts, r: Reader, base: dict, plain,
                                   watch=watch)
         for k, i in enumerate(group):
             out[i] = {"stream": streams[i][1], "change": streams[i][2], **scored[k]}
+            if progress is not None:
+                progress()
     return out
 
 
