@@ -283,6 +283,8 @@ def test_the_commands_write_their_columns_and_refuse_unequal_prompts(tiny_dir, t
     assert res.exit_code == 0, res.output
     # tokens in the title as in the table, so that it wraps between words, not in a token
     assert "logit(␣Paris) - logit(␣Rome)" in " ".join(res.output.split())
+    # the strongest sites of each kind: resid-pre alone would fill the table
+    assert res.stdout.count("│ z L") == res.stdout.count("│ resid-pre L") == 5
     df = pd.read_csv(result(tmp_path, "patch-tiny-gpt2.csv"))
     assert list(df.columns) == ["site", "layer", "head", "position", "token", "logit_diff",
                                 "normalized"]

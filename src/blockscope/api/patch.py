@@ -102,6 +102,8 @@ def patch(o: PatchOptions) -> None:
 
 
 def render(df, label: str, target: str, contrast: str | None) -> None:
+    import pandas as pd
+
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
@@ -109,7 +111,12 @@ def render(df, label: str, target: str, contrast: str | None) -> None:
     what = f"logit({visible(target)}) - logit({visible(contrast)})" if contrast else \
         f"log_prob({visible(target)})"
 
-    top = df.reindex(df["normalized"].abs().sort_values(ascending=False).index).head(10)
+    # the strongest sites of each kind patched, so that one kind (resid-pre, which carries
+    # everything) cannot fill the table: 10 rows in all, shared between the sites
+    sites = list(dict.fromkeys(df["site"]))
+    each = max(3, 10 // len(sites))
+    top = pd.concat([part.reindex(part["normalized"].abs().sort_values(ascending=False).index)
+                     .head(each) for _, part in df.groupby("site", sort=False)])
     shown = top.assign(where=[f"{r.site} L{r.layer} " + (f"head {r.head}" if r.site == "z" else
                                                           f"@{r.position} {visible(r.token)}")
                               for r in top.itertuples()])
@@ -118,4 +125,5 @@ def render(df, label: str, target: str, contrast: str | None) -> None:
                             "normalized": ("restored", "+.1%")},
                     title=f"{label}: the sites whose patch moves {what} most",
                     caption=f"clean {df.attrs['clean']:+.3f}, corrupted "
-                    f"{df.attrs['corrupted']:+.3f}; layers from 0; every site is in the CSV"))
+                    f"{df.attrs['corrupted']:+.3f}; the strongest {each} of each site; layers from "
+                    "0; every site is in the CSV"))
