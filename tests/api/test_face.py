@@ -71,8 +71,9 @@ def test_every_command_gives_the_cli_csv_byte_for_byte(name, tiny_dir, tmp_path,
     capsys.readouterr()
     result = getattr(bs, name.replace("-", "_"))(**options)
     assert capsys.readouterr() == ("", "")  # nothing printed
-    for suffix, df in result.tables.items():
-        (written,) = tmp_path.glob(f"{result.stem}{suffix}-{result.digest}.csv")
+    assert "" not in result.tables
+    for table, df in result.tables.items():
+        written = tmp_path / result.csv_name(table)
         assert df.to_csv(index=False).encode() == written.read_bytes()
     assert result.meta["command"] == name
 
@@ -162,3 +163,19 @@ def test_the_digest_and_the_sidecar_do_not_depend_on_the_folder(tiny_dir, tmp_pa
     monkeypatch.chdir(elsewhere)
     assert bs.ablate(bs.load(str(tiny_dir)), max_tokens=5, bootstrap=0).digest == \
         a[1]["settings_digest"]
+
+
+def test_the_prompt_may_be_given_by_position_as_on_the_command_line(tiny_dir):
+    """`bs.trace(model, "The capital ...", subject=...)` raised TypeError: what the command
+    line takes by position (a prompt, layernorm's values) is taken by position after the
+    model, and the tables are named ("main", not "")."""
+    options = dict(subject="France", target=" Paris", samples=2, window=2)
+    by_position = bs.trace(str(tiny_dir), PROMPT, **options)
+    by_name = bs.trace(str(tiny_dir), prompt=PROMPT, **options)
+    assert by_position.digest == by_name.digest
+    assert by_position.table.equals(by_name.table) and list(by_position.tables) == ["main"]
+    with pytest.raises(TypeError, match="takes model, prompt by position"):
+        bs.trace(str(tiny_dir), PROMPT, "a third", **options)
+    with pytest.raises(TypeError, match="two values for 'prompt'"):
+        bs.trace(str(tiny_dir), PROMPT, prompt=PROMPT, **options)
+    assert bs.layernorm([1.0, 2.0, 4.0]).table.equals(bs.layernorm(values=[1.0, 2.0, 4.0]).table)

@@ -97,6 +97,8 @@ def face(name: str):
     options = [(n, kind, default) for n, kind, default in parameters(cls)
                if n not in OUTPUT_ONLY]
     names = {n for n, _, _ in options}
+    arguments = [n for n, kind, _ in options  # the command line's positional arguments
+                 if type(_info(kind)).__name__ == "ArgumentInfo"]
     # a model it can be given (reproduce loads its own: raw and processed weights)
     holds = {"model", "device", "dtype", "allow_pickle"} <= names and name != "reproduce"
 
@@ -107,10 +109,15 @@ def face(name: str):
         if unknown:
             raise TypeError(f"{name.replace('-', '_')}() got an unexpected keyword argument "
                             f"{unknown[0]!r}")
-        if len(args) > 1 or (args and "model" in given):
-            raise TypeError(f"{run.__name__}() takes the model alone by position")
-        if args:
-            given["model"] = args[0]
+        # by position: the model, then what the command line takes by position (a prompt)
+        slots = (["model"] if "model" in names else []) + arguments
+        if len(args) > len(slots):
+            raise TypeError(f"{run.__name__}() takes {', '.join(slots) or 'nothing'} by "
+                            f"position, not {len(args)} values")
+        for slot, value in zip(slots, args, strict=False):
+            if slot in given:
+                raise TypeError(f"{run.__name__}() got two values for {slot!r}")
+            given[slot] = value
         model = given.get("model")
         held = None
         if model is not None and not isinstance(model, (str, Path, list, tuple)):
@@ -138,7 +145,7 @@ def face(name: str):
         return results[0]
 
     run.__name__ = run.__qualname__ = name.replace("-", "_")
-    run.__signature__ = _signature(options, holds)
+    run.__signature__ = _signature(options, holds, arguments)
     run.__doc__ = _docstring(fn.__doc__ or "", options, name, holds)
     run.__module__ = "blockscope"
     return run
@@ -207,6 +214,11 @@ def _reporting(progress):
         REPORTER.reset(token)
 
 
+def _info(kind):
+    """The typer.Option or typer.Argument an option's annotation carries, if any."""
+    return typing.get_args(kind)[1] if typing.get_origin(kind) is typing.Annotated else None
+
+
 def _base(kind):
     """The type an option's annotation holds: Annotated[X | None, ...] -> X."""
     kind = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Annotated else kind
@@ -238,16 +250,22 @@ def _choice(kind: type[enum.Enum], value, name: str):
                        f"(got {value!r})") from None
 
 
-def _signature(options, holds: bool) -> inspect.Signature:
-    """model first (it may be given by position), then every option by keyword."""
+def _signature(options, holds: bool, arguments: list[str]) -> inspect.Signature:
+    """model first, then the command line's positional arguments (a prompt), each of which
+    may be given by position; then every option by keyword, the required ones first. (A
+    required argument after the optional model, mlp-memory's prompt, is shown among the
+    keywords, which a signature must put it with; `run` takes it by position all the
+    same.)"""
     empty = inspect.Parameter.empty
-    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=_base(kind),
+    optional = {n for n, _, d in options if d is not dataclasses.MISSING}
+    positional = ["model", *(a for a in arguments if a in optional or "model" not in optional)]
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD if n in positional
+                                else inspect.Parameter.KEYWORD_ONLY, annotation=_base(kind),
                                 default=empty if default is dataclasses.MISSING else
                                 default.value if isinstance(default, enum.Enum) else default)
               for n, kind, default in options]
-    params.sort(key=lambda p: (p.name != "model", p.default is not empty))  # required first
-    if params and params[0].name == "model":
-        params[0] = params[0].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params.sort(key=lambda p: (p.name not in positional, positional.index(p.name)
+                               if p.name in positional else 0, p.default is not empty))
     extra = [inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None)]
     if holds:
         extra.append(inspect.Parameter("tokenizer", inspect.Parameter.KEYWORD_ONLY,

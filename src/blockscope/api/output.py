@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from blockscope.api.result import Result, hand_over
+from blockscope.api.result import Result, hand_over, table_name
 from blockscope.errors import BadValue
 
 # Options that change only how results are shown or where they go, never what is measured.
@@ -136,7 +136,9 @@ def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> 
         else:
             pictures[name] = content if callable(content) and not hasattr(
                 content, "savefig") else (lambda fig=content: fig)
-    result = Result(o.name, stem, settings_digest(o), dict(frames), meta, pictures, texts)
+    result = Result(o.name, stem, settings_digest(o),
+                    {table_name(suffix): df for suffix, df in frames.items()}, meta, pictures,
+                    texts)
     hand_over(result)
     return result
 

@@ -17,6 +17,14 @@ _COLLECTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("collec
                                                                           default=None)
 
 
+MAIN = "main"  # the main table's name in `Result.tables`
+
+
+def table_name(suffix: str) -> str:
+    """A table's name in `Result.tables` from the suffix its CSV's name adds ("" -> main)."""
+    return suffix.lstrip("-") or MAIN
+
+
 @dataclass
 class Result:
     """One command's results, as the files the command line writes would hold them.
@@ -26,8 +34,8 @@ class Result:
         stem: The files' common name before the settings digest, e.g.
             "ablate-smollm2-135m-alice".
         digest: 8 hex digits naming the settings (every option but the output ones).
-        tables: Each CSV's DataFrame by the suffix its file name adds after the stem ("" for
-            the main one).
+        tables: Each CSV's DataFrame by name: "main" for the main one, else what its file
+            name adds after the stem ("per-fact" for `<stem>-per-fact-<digest>.csv`).
         meta: The JSON sidecar: the settings, the model, how the sweep ran, the versions.
         pictures: Each picture's file name (digest not yet added) and a function drawing it.
     """
@@ -44,7 +52,11 @@ class Result:
     @property
     def table(self) -> pd.DataFrame:
         """The main table: what the main CSV holds."""
-        return self.tables[""] if "" in self.tables else next(iter(self.tables.values()))
+        return self.tables.get(MAIN, next(iter(self.tables.values())))
+
+    def csv_name(self, table: str) -> str:
+        """The CSV file `tables[table]` is saved as (digest included)."""
+        return digested(f"{self.stem}{'' if table == MAIN else '-' + table}.csv", self.digest)
 
     def figure(self, name: str | None = None):
         """The picture the command draws (its first, or the one whose file name starts with
@@ -59,8 +71,7 @@ class Result:
     def files(self) -> dict[str, object]:
         """Every file the command line writes for these results, by its name (digest
         included): DataFrames (CSV), the sidecar (JSON), Figures (PNG) and texts."""
-        files: dict[str, object] = {digested(f"{self.stem}{suffix}.csv", self.digest): df
-                                    for suffix, df in self.tables.items()}
+        files: dict[str, object] = {self.csv_name(name): df for name, df in self.tables.items()}
         files[digested(f"{self.stem}.json", self.digest)] = {**self.meta,
                                                                "settings_digest": self.digest}
         for name in self.pictures:
