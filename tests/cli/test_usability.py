@@ -521,3 +521,20 @@ def test_help_keeps_every_literal_whole_and_every_summary_whole(columns):
         for piece in pieces:
             assert any(piece in line for line in lines), (name, piece, lines)
     assert any("(' Paris')" in line for line in shown("trace", "--help").splitlines())
+
+
+@pytest.mark.parametrize("args", [
+    ["ablate", "--max-tokens", 60, "--bootstrap", 20],
+    ["ablate", "--max-tokens", 40, "--decompose"],
+    ["prune-heads", "--max-tokens", 30, "--bootstrap", 20, "--step", 0.5],
+    ["resid-norm", "The capital of France is and was and will be"],
+])
+def test_what_a_run_prints_fits_80_columns(run, tiny_dir, tmp_path, monkeypatch, args):
+    """The rank-stability line, resid-norm's growth line and decompose's headline ran past
+    80 columns (printed unwrapped): every line a run prints fits, but the paths written."""
+    monkeypatch.setenv("COLUMNS", "80")
+    res = run(*args, "--model", tiny_dir, "--no-plot", "--out-dir", tmp_path)
+    assert res.exit_code == 0, res.output
+    long = [line for line in res.stdout.splitlines()
+            if len(line) > 80 and not line.startswith("wrote ")]
+    assert not long, long

@@ -93,7 +93,7 @@ def ablate(o: Ablate) -> None:
     if not o.out.quiet:
         out.print(ablation_table(df, c.title))
         out.print(correlation_line(correlations), highlight=False)
-        out.print(stability_line(uncertainty), highlight=False, soft_wrap=True)
+        out.print(stability_line(uncertainty), highlight=False)
 
     def plot():
         from blockscope.results.plots import ablation_plot
@@ -128,7 +128,7 @@ def decomposed(o: Ablate, c) -> None:
     line = headline(df, run.model.cfg.n_layers)
     if not o.out.quiet:
         out.print(decompose_table(df, title, part, method))
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(line, highlight=False)
     meta = run.meta("ablate", n_scored=df.attrs["n_scored"], part=part, method=method,
                     decompose=True, **engine_record(df), headline=line, columns=MEANING,
                     **({"resample": df.attrs["resample"]} if "resample" in df.attrs else {}),

@@ -105,8 +105,7 @@ def prune_heads(o: PruneHeads) -> None:
     if c.show:
         render(per_head, curves, one, [h["sentence"] for h in headline.values()], spec.label,
                cfg)
-        out.print(stability_line(uncertainty, "head rankings"), highlight=False,
-                  soft_wrap=True)
+        out.print(stability_line(uncertainty, "head rankings"), highlight=False)
 
     def plot():
         from blockscope.results.plots import prune_heads_plot

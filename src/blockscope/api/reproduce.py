@@ -247,7 +247,7 @@ def render(table, best, headline, other=None) -> None:
                              styles={i: styles[j] for i, j in enumerate(
                                  table.index[table["experiment"] == experiment])}))
     if best:
-        out.print(best_sentence(best), highlight=False, soft_wrap=True)
+        out.print(best_sentence(best), highlight=False)
     if headline:
         out.print(styled("prune-heads: ", "bold", headline), highlight=False)
     for cmd in dict.fromkeys(table[table["status"] == "needs the model"]["command"]):

@@ -118,12 +118,12 @@ def render_norms(df, title: str, no_mid: str | None, n_layers: int) -> None:
                             "norm": ("L2 norm", ",.1f"),
                             "ratio_to_embed": ("x embeddings", ".1f")}, title=title))
     if no_mid:
-        out.print(no_mid, highlight=False, soft_wrap=True)
+        out.print(no_mid, highlight=False)
     last = df[df["position"] == df["position"].max()]
     out.print(f"growth: after block {n_layers - 1} (the last) the norm is "
               f"{last['ratio_to_embed'].iloc[-1]:,.1f} times the embeddings' "
               f"({last['norm'].iloc[0]:,.1f} -> {last['norm'].iloc[-1]:,.1f}, position "
-              f"{int(last['position'].iloc[0])})", highlight=False, soft_wrap=True)
+              f"{int(last['position'].iloc[0])})", highlight=False)
 
 
 def corpus_norms(o: ResidNorm, started: float) -> None:
