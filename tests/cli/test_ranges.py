@@ -64,6 +64,15 @@ PAST = [
     (["mlp-memory", *PROMPT], "--top-k", 50_258, "--top-k 50258 is more than the model's"),
     (["mlp-memory", *PROMPT], "--n-examples", 0, "--n-examples must be at least 1"),
     (["resid-norm", *PROMPT], "--position", 5, "--position 5 is outside the 5 tokens"),
+    (["resid-norm", *PROMPT], "--position", -6, "--position -6 is outside the 5 tokens"),
+    (["mlp-memory", *PROMPT], "--position", 6, "--position 6 is outside the 6 tokens"),
+    (["mlp-memory", *PROMPT], "--position", -7, "--position -7 is outside the 6 tokens"),
+    (["mlp-memory", *PROMPT], "--top-k", 0, "--top-k must be at least 1"),
+    (["norm-placement"], "--warmup-steps", -1, "--warmup-steps must be between 0"),
+    (["norm-placement"], "--d-model", 0, "--d-model must be at least 1"),
+    (["norm-placement"], "--n-heads", 0, "--n-heads must be at least 1"),
+    (["norm-placement"], "--train-layers", 0, "--train-layers must be at least 1"),
+    (["norm-placement"], "--train-heads", 0, "--train-heads must be at least 1"),
     (["shapes", *PROMPT], "--block", -1, "--block must be between 0 and 2"),
     (["shapes", *PROMPT], "--block", 3, "--block must be between 0 and 2"),
     (["attention", *PROMPT], "--layer", 3, "--layer 3 is out of range: 0 to 2"),
@@ -88,6 +97,71 @@ PAST = [
 
 NO_MODEL = {"layernorm", "norm-placement", "params", "toy-model"}
 
+# What each command needs to get as far as its checks.
+NEEDS = {"ablate": [], "head-roles": ["--max-tokens", 30], "knockout": FACT, "trace": FACT,
+         "logit-lens": PROMPT, "mlp-memory": PROMPT, "norm-placement": [], "params": [],
+         "patch": ["--clean", "A b", "--corrupted", "A c", "--target", " x"],
+         "prune-blocks": [], "prune-heads": [], "rearrange": ["--reverse", "0:2"],
+         "resid-norm": PROMPT, "shapes": PROMPT, "toy-model": ["{tmp}/toy"],
+         "layernorm": [1, 2], "attention": PROMPT}
+
+PASSAGE_OWN = {"head-roles", "norm-placement"}  # their --max-tokens is their own option
+
+# The ranges every command shares, by option name (options.LIMITS): each command that has
+# the option is tried past both ends.
+SHARED = {"seed": (-1, 2**32), "bootstrap": (-1, 100_001), "batch_size": (0, 100_001)}
+
+# Numeric options with no upper end, and why: a value past the data or the model is simply
+# all of it, or the quantity has no largest meaningful value.
+UNBOUNDED = {
+    "n_tokens": "a budget: larger than the corpus means all of it",
+    "n_docs": "a cap: larger than the corpus means all of it",
+    "max_tokens": "a cap: larger than the text means all of it (said in a note)",
+    "n_examples": "a cap: as many examples as the corpus has",
+    "tolerance": "a band around the baseline: any width is a question one may ask",
+    "eps": "layer norm's epsilon: any positive value is well defined",
+    "noise": "a noise scale: any positive multiple is well defined",
+    "noise_std": "a standard deviation: any positive value is well defined",
+    "n_layers": "norm-placement's stack size: bounded by its parameter count instead",
+    "d_model": "norm-placement's width: bounded by its parameter count instead",
+    "n_heads": "bounded by dividing d_model (params, norm-placement)",
+    "train_layers": "bounded by the trained stack's parameter count",
+    "train_heads": "bounded by dividing train_d_model",
+}
+
+
+def numeric_options():
+    """(command, option) for every int or float option of every command."""
+
+    from blockscope.api.face import _base
+    from blockscope.api.options import parameters
+
+    found = []
+    for name, (_, cls) in sorted(COMMANDS.items()):
+        for option, kind, _ in parameters(cls):
+            if _base(kind) in (int, float):
+                found.append((name, option))
+    return found
+
+
+# The passage and corpus options every passage command shares (one group of options):
+# values past their ends, and whether the option needs a corpus.
+PASSAGE = {"n_tokens": ([0], True), "n_docs": ([0], True), "max_tokens": ([1], False),
+           "stride": ([0, 129], False)}
+
+
+def _given(name: str, option: str) -> list:
+    if option in PASSAGE and PASSAGE[option][1]:  # resid-norm: a corpus instead of a prompt
+        return [name, *([] if name == "resid-norm" else NEEDS[name]), "--dataset", CORPUS]
+    return [name, *NEEDS[name]]
+
+
+GENERATED = [(_given(name, option), "--" + option.replace("_", "-"), value,
+              f"--{option.replace('_', '-')}")
+             for name, option in numeric_options()
+             if option in SHARED or (option in PASSAGE and name not in PASSAGE_OWN)
+             for value in (SHARED.get(option) or PASSAGE[option][0])]
+
 
 @pytest.fixture
 def no_load(monkeypatch):
@@ -106,8 +180,8 @@ def blockscope(monkeypatch, capsys, *args) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-@pytest.mark.parametrize("given, option, value, message", PAST,
-                         ids=[f"{g[0]}{o}={v}" for g, o, v, _ in PAST])
+@pytest.mark.parametrize("given, option, value, message", PAST + GENERATED,
+                         ids=[f"{g[0]}{o}={v}" for g, o, v, _ in PAST + GENERATED])
 def test_a_value_past_either_end_is_refused_before_the_load(
         monkeypatch, capsys, tiny_dir, tmp_path, no_load, given, option, value, message):
     corpus = tmp_path / "docs.jsonl"
@@ -139,3 +213,21 @@ def test_every_refusal_of_every_command_exits_2(monkeypatch, capsys, tmp_path, n
         bad += ["1", "2"]
     code, lines = blockscope(monkeypatch, capsys, name, *bad)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+
+
+def test_every_numeric_option_is_tried_past_each_end():
+    """Every int or float option of every command is tried below its lower end here
+    (its own case or the shared ranges), and above its upper end unless it has none, for the
+    reason UNBOUNDED gives."""
+    tried = {}
+    for given, option, value, _ in PAST + GENERATED:
+        tried.setdefault((given[0], option[2:].replace("-", "_")), []).append(value)
+    missing = []
+    for name, option in numeric_options():
+        values = tried.get((name, option), [])
+        if not values:
+            missing.append(f"{name} --{option}: nothing past its lower end")
+        elif len(values) < 2 and option not in UNBOUNDED:
+            missing.append(f"{name} --{option}: nothing past its upper end, and UNBOUNDED "
+                           "does not say why it has none")
+    assert not missing, missing
