@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from blockscope.api import common
 from blockscope.api.common import COMMANDS
 from blockscope.cli import _run
 
@@ -161,16 +160,6 @@ GENERATED = [(_given(name, option), "--" + option.replace("_", "-"), value,
              for name, option in numeric_options()
              if option in SHARED or (option in PASSAGE and name not in PASSAGE_OWN)
              for value in (SHARED.get(option) or PASSAGE[option][0])]
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """The model must not load: every refusal here comes before it."""
-    def fail(*a, **k):
-        raise AssertionError("the model was loaded before the bad value was refused")
-
-    monkeypatch.setattr(common, "load", fail)
-    monkeypatch.setattr("blockscope.model.loading.load_model", fail)
 
 
 def blockscope(monkeypatch, capsys, *args) -> tuple[int, list[str]]:
