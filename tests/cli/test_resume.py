@@ -1,7 +1,8 @@
 """Long runs survive an interruption: each finished unit (a fact, a document) is kept under
 --out-dir/.partial as it finishes, and the same command run again computes only the rest,
-to the same CSVs byte for byte. The interrupted run is a real process, killed (SIGKILL) or
-interrupted (SIGINT) once some units are on disk; the reruns go through the CLI runner."""
+to the same CSVs byte for byte. A real process is killed (SIGKILL) once some units are on
+disk; Ctrl-C is the KeyboardInterrupt that SIGINT raises, here raised as the next unit
+starts, in the CLI runner, as are the reruns."""
 
 import json
 import os
@@ -108,21 +109,43 @@ def test_a_killed_trace_resumes_to_the_same_files(tiny_dir, tmp_path, facts):
     assert not (part / ".partial").exists()  # removed once the final files are written
 
 
-def test_ctrl_c_keeps_its_units_for_the_same_settings_only(tiny_dir, tmp_path, facts):
+def ctrl_c_after(monkeypatch, k: int) -> None:
+    """Ctrl-C as the run is about to compute its (k+1)-th unit: the KeyboardInterrupt
+    Python raises on SIGINT, raised there."""
+    from blockscope.inputs import partial
+
+    real, computed = partial.Scope.unit, []
+
+    def unit(self, index, compute, reused=None):
+        def counted():
+            if len(computed) == k:
+                raise KeyboardInterrupt
+            computed.append(index)
+            return compute()
+
+        return real(self, index, counted, reused)
+
+    monkeypatch.setattr(partial.Scope, "unit", unit)
+
+
+def test_ctrl_c_keeps_its_units_for_the_same_settings_only(tiny_dir, tmp_path, facts,
+                                                           monkeypatch):
     """Ctrl-C says what was kept and exits 130; the kept units are not read by a run with
     another seed (another digest, so another folder), nor by one with --fresh."""
     out = tmp_path / "out"
     args = trace_args(tiny_dir, facts, out)
-    code, stderr, k = interrupted(args, out, 1, signal.SIGINT)
-    assert code == 130 and k >= 1
+    with monkeypatch.context() as m:
+        ctrl_c_after(m, 2)
+        res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == 130 and len(units(out)) == 2
     assert not list(out.glob("*.csv"))
-    assert stderr.strip().splitlines() == [
-        f"interrupted: {k} of {len(FACTS)} facts kept; run the same command again to "
-        "continue"], stderr
+    assert res.stderr.strip().splitlines() == [
+        f"interrupted: 2 of {len(FACTS)} facts kept; run the same command again to "
+        "continue"], res.stderr
     cli(*args, "--seed", 1)
     meta = json.loads(result(out, "trace-tiny-gpt2-facts.json").read_text())
     assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (len(FACTS), 0)
-    assert len(units(out)) == k  # the seed-0 run's units are still kept
+    assert len(units(out)) == 2  # the seed-0 run's units are still kept
     for name in ("facts.json", "facts.csv", "facts-per-fact.csv"):  # the seed-1 run's
         result(out, f"trace-tiny-gpt2-{name}").unlink()
     cli(*args, "--fresh")
@@ -132,17 +155,20 @@ def test_ctrl_c_keeps_its_units_for_the_same_settings_only(tiny_dir, tmp_path, f
     assert not (out / ".partial").exists()
 
 
-def test_a_killed_corpus_ablate_resumes_to_the_same_files(tiny_dir, tmp_path, corpus):
+def test_an_interrupted_corpus_ablate_resumes_to_the_same_files(tiny_dir, tmp_path, corpus,
+                                                                monkeypatch):
     """The documents of a corpus sweep are its units; block influence and angular distance,
     which the clean passes feed, come out the same too."""
     args = ["ablate", "--dataset", corpus, "--model", tiny_dir, "--bootstrap", 50,
             "--no-plot", "-q"]
     whole, part = tmp_path / "whole", tmp_path / "part"
     cli(*args, "--out-dir", whole)
-    _, _, k = interrupted([*args, "--out-dir", part], part, 3, signal.SIGKILL)
-    assert 3 <= k < 8
+    with monkeypatch.context() as m:
+        ctrl_c_after(m, 3)
+        res = CliRunner().invoke(app, [str(a) for a in (*args, "--out-dir", part)])
+    assert res.exit_code == 130 and "interrupted: 3 of 8 documents kept" in res.stderr
     cli(*args, "--out-dir", part)
     name = "ablate-tiny-gpt2-docs.csv"
     assert result(part, name).read_bytes() == result(whole, name).read_bytes()
     meta = json.loads(result(part, "ablate-tiny-gpt2-docs.json").read_text())
-    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (8 - k, k)
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (5, 3)
