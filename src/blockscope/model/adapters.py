@@ -80,8 +80,8 @@ def rotary_facts(block, kind: str) -> dict | None:
 def fast_activations(model) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
     """(the HF MLP, the activation to run in its place) for every block whose MLP runs
     GPT-2's NewGELUActivation (seven elementwise passes in Python): transformers' GELUTanh,
-    torch's fused tanh GELU, the same function to float rounding and faster (README,
-    "Design choices")."""
+    torch's fused tanh GELU, the same function to float rounding and faster
+    (docs/performance.md, "Design choices, measured")."""
     from transformers.activations import GELUTanh, NewGELUActivation
 
     found = []

@@ -65,7 +65,7 @@ def clean_pass(model, tokens: torch.Tensor, w: Window, names=(), *,
     """One hooked forward of window `w`, keeping each block's input and the `names` asked
     for (`kept_names`), and the arguments each block was called with (any K/V cache
     dropped, positional or keyword, so replays never append to it). `reference`: the NLL
-    from HF's full logits, the naive loop's own computation (`sweep.window_nll`), never
+    from HF's full logits, the naive loop's own computation (`naive.window_nll`), never
     from the kept final residual."""
     n = model.cfg.n_layers
     chunk = tokens[:, w.begin : w.end].to(model.cfg.device)
@@ -165,7 +165,7 @@ def _last_logits_only(model) -> bool:
 
 
 def cached_means(clean: Clean, names) -> dict[str, torch.Tensor]:
-    """Each kept hook point's clean mean over positions (what `sweep.clean_sums` hooks
+    """Each kept hook point's clean mean over positions (what `naive.clean_sums` hooks
     for, divided by the positions), from one window's cache; block inputs and outputs come
     from `pre`."""
     out = {}

@@ -118,8 +118,8 @@ CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchm
 
 def default_batch_size(model, n_tokens: int, plain: bool = False) -> int:
     """Variants per batch. On the CPU: CPU_BATCH with the plain replay (faster than one at a
-    time), 1 through the bridge's blocks (where stacking is slower: both in the README's
-    "Design choices"). Elsewhere: as many as keep one batch's activations near
+    time), 1 through the bridge's blocks (where stacking is slower: both in docs/performance.md's
+    "Design choices, measured"). Elsewhere: as many as keep one batch's activations near
     BUDGET_BYTES; never more than that on the CPU either."""
     cfg = model.cfg
     per_token = 4 * (3 * cfg.n_heads * n_tokens + 2 * cfg.d_mlp + 6 * cfg.d_model)

@@ -4,11 +4,12 @@ The bridge's attention computes scores, mask, softmax and pattern one step at a 
 its hook points (`hook_attn_scores`, `hook_pattern`, ...) can fire. When none of a block's
 hook points holds a hook, the engine runs the same function here instead: the bridge's own
 weights (read at every call, so nothing goes stale) and torch's fused
-`scaled_dot_product_attention` (causal): faster a block (README, "Design choices"), equal
-to float rounding; the engine checks the agreement on every clean pass (`selfcheck`) and
-otherwise keeps the bridge. GPT-2's blocks are here; the Llama family's and GPT-NeoX's in
-`replay_rotary`, behind the same `parts`; the final norm and unembedding in `unembed`.
-`masked_nll` is the whole model with a head mask, differentiable, for the pruning curve."""
+`scaled_dot_product_attention` (causal): faster a block (docs/performance.md, "Design
+choices, measured"), equal to float rounding; the engine checks the agreement on every
+clean pass (`selfcheck`) and otherwise keeps the bridge. GPT-2's blocks are here; the Llama
+family's and GPT-NeoX's in `replay_rotary`, behind the same `parts`; the final norm and
+unembedding in `unembed`. `masked_nll` is the whole model with a head mask, differentiable,
+for the pruning curve."""
 
 from __future__ import annotations
 
@@ -215,7 +216,7 @@ def masked_nll(model, plain: list, clean, mask: torch.Tensor,
     """NLL (n_scored,) of `clean`'s window with each layer's heads scaled by `mask`
     (n_layers, n_heads), replayed plainly from the embeddings and differentiable (for the
     gradient of the head mask): the scored rows' NLL in vocabulary blocks, or from their
-    full logits (`sweep.nll_of`) where softcapping or half precision rules that out."""
+    full logits (`naive.nll_of`) where softcapping or half precision rules that out."""
     x = _trackable(clean.pre[0])  # (1, T, d_model) what block 0 received
     for j, p in enumerate(plain):
         x = block_forward(p, x, _trackable(clean.block_args[j]), mask[j])

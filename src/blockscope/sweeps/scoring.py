@@ -47,7 +47,7 @@ class Prepared:
     means: dict[str, torch.Tensor]  # hook name -> mean activation over every position
     cleans: list | None = None  # clean.Clean per window of the one document held (cached)
     reference: list | None = None  # naive: its baseline's own passes (full logits, as
-    #   `sweep.token_nll`), each block's input kept, so metrics need no forward of their own
+    #   `naive.token_nll`), each block's input kept, so metrics need no forward of their own
     resample: list[str] = field(default_factory=list)  # hook points a `Resampled` fill
     #   reads from each document's partner
     partner: list[int] = field(default_factory=list)  # each document's partner (corpus order)
@@ -62,7 +62,7 @@ def prepare(model, tokens, settings: RunSettings = RunSettings(), *,
 
     `tokens`: a passage `(1, pos)` or `corpus.Docs`. With one window the cached clean pass
     gives the means; otherwise one hooked pass per window does. `resample`: the hook points
-    whose activations on another document (`sweep.partners`, seeded) `Resampled` fills read:
+    whose activations on another document (`naive.partners`, seeded) `Resampled` fills read:
     two or more documents, each within the context, in one process (partners drawn with
     `settings.seed`)."""
     engine_name, stride, seed = settings.engine, settings.stride, settings.seed
@@ -285,7 +285,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:
-    """The naive loop's clean passes: its baseline forward (`sweep.token_nll`'s full logits,
+    """The naive loop's clean passes: its baseline forward (`naive.token_nll`'s full logits,
     kept for the KL), each block's input and the points between its halves
     (`clean.kept_names`) kept as it goes by."""
     names = clean.kept_names(arch.layout(model), model.cfg.n_layers, z=False)

@@ -30,8 +30,8 @@ class ChunkedNLL(torch.autograd.Function):
     """NLL (R,) of h (R, d_model) @ weight.T (+ bias) at `targets`, differentiable in h only
     (the weights are frozen): the logits in the blocks `_logsumexp` uses (at the machine's
     matmul rate), kept for the backward, which forms softmax - onehot block by block in
-    place (faster than log_softmax's backward, to 2e-6 of it: the README's "Design choices,
-    measured")."""
+    place (faster than log_softmax's backward, to 2e-6 of it: docs/performance.md's
+    "Design choices, measured")."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets):
@@ -55,7 +55,8 @@ class ChunkedNLL(torch.autograd.Function):
 
 
 VOCAB_CHUNK = 1024  # unembedding rows per matmul; with ROW_BLOCK rows, a 4 MB logits block:
-#   the shape that runs at the machine's large-matmul rate (README, "Design choices")
+#   the shape that runs at the machine's large-matmul rate (docs/performance.md, "Design
+#   choices, measured")
 
 
 def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -197,14 +198,14 @@ def _target_logits(h, weight, bias, targets, softcap) -> torch.Tensor:
 
 
 ROW_BLOCK = 1024  # rows per unembedding pass (see VOCAB_CHUNK); blocks, not all rows at once
-#   (faster on the CPU: README, "Design choices")
+#   (faster on the CPU: docs/performance.md, "Design choices, measured")
 
 
 def _logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, softcap,
                keep: list | None = None, ref=None, cross: list | None = None) -> torch.Tensor:
     """logsumexp (R,) float64 over the vocabulary of h (R, d_model) @ weight.T (+ bias),
     softcapped, one VOCAB_CHUNK at a time: float32 logits, a running max and a float64 sum
-    of their exponentials (as `sweep.nll_of`), the chunk exponentiated in place (no
+    of their exponentials (as `naive.nll_of`), the chunk exponentiated in place (no
     temporaries the size of the chunk), or, with `keep`, each chunk's logits appended to it
     and a copy exponentiated. With `ref` = (clean rows (R, d_model), their lse (R,)) the
     sum over the vocabulary of p_clean x these logits (R,) float64 is appended to `cross`."""
