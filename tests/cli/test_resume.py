@@ -155,20 +155,22 @@ def test_ctrl_c_keeps_its_units_for_the_same_settings_only(tiny_dir, tmp_path, f
     assert not (out / ".partial").exists()
 
 
-def test_an_interrupted_corpus_ablate_resumes_to_the_same_files(tiny_dir, tmp_path, corpus,
-                                                                monkeypatch):
-    """The documents of a corpus sweep are its units; block influence and angular distance,
-    which the clean passes feed, come out the same too."""
+def test_a_corpus_ablate_interrupted_by_sigint_resumes_to_the_same_files(tiny_dir, tmp_path,
+                                                                        corpus):
+    """A real process gets SIGINT once three documents are kept: one line, exit 130, no
+    final file; the rerun computes only the rest (the documents of a corpus sweep are its
+    units) and block influence and angular distance, which the clean passes feed, come out
+    the same too."""
     args = ["ablate", "--dataset", corpus, "--model", tiny_dir, "--bootstrap", 50,
             "--no-plot", "-q"]
     whole, part = tmp_path / "whole", tmp_path / "part"
     cli(*args, "--out-dir", whole)
-    with monkeypatch.context() as m:
-        ctrl_c_after(m, 3)
-        res = CliRunner().invoke(app, [str(a) for a in (*args, "--out-dir", part)])
-    assert res.exit_code == 130 and "interrupted: 3 of 8 documents kept" in res.stderr
+    code, stderr, k = interrupted([*args, "--out-dir", part], part, 3, signal.SIGINT)
+    assert code == 130 and 3 <= k < 8 and not list(part.glob("*.csv"))
+    assert stderr.strip().splitlines() == [
+        f"interrupted: {k} of 8 documents kept; run the same command again to continue"]
     cli(*args, "--out-dir", part)
     name = "ablate-tiny-gpt2-docs.csv"
     assert result(part, name).read_bytes() == result(whole, name).read_bytes()
     meta = json.loads(result(part, "ablate-tiny-gpt2-docs.json").read_text())
-    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (5, 3)
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (8 - k, k)
