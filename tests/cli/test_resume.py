@@ -39,7 +39,8 @@ def facts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    texts = [x[:200] for x in paragraphs() if x.strip()][:8]
+    text = " ".join(paragraphs())
+    texts = [text[i * 500:(i + 1) * 500] for i in range(8)]  # about two windows each
     return write_jsonl(tmp_path_factory.mktemp("resume-corpus") / "docs.jsonl", texts)
 
 
@@ -77,8 +78,12 @@ def interrupted(args, out_dir, at_least: int, sig):
     while len(units(out_dir)) < at_least:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no unit was kept in time"
-        time.sleep(0.01)
+        time.sleep(0.005)
+    # stopped first, so that a loaded machine cannot let it finish every unit before the
+    # signal lands; SIGINT then waits, pending, until it runs again
+    proc.send_signal(signal.SIGSTOP)
     proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
     _, stderr = proc.communicate(timeout=120)
     return proc.returncode, stderr, len(units(out_dir))
 
@@ -96,8 +101,8 @@ def test_a_killed_trace_resumes_to_the_same_files(tiny_dir, tmp_path, facts):
     n = len(FACTS)
     whole, part = tmp_path / "whole", tmp_path / "part"
     cli(*trace_args(tiny_dir, facts, whole))
-    code, _, k = interrupted(trace_args(tiny_dir, facts, part), part, 2, signal.SIGKILL)
-    assert code == -signal.SIGKILL and 2 <= k < n
+    code, _, k = interrupted(trace_args(tiny_dir, facts, part), part, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL and 1 <= k < n
     assert not list(part.glob("*.csv"))  # nothing final was written
     cli(*trace_args(tiny_dir, facts, part))
     for name in ("trace-tiny-gpt2-facts.csv", "trace-tiny-gpt2-facts-per-fact.csv"):
@@ -157,7 +162,7 @@ def test_ctrl_c_keeps_its_units_for_the_same_settings_only(tiny_dir, tmp_path, f
 
 def test_a_corpus_ablate_interrupted_by_sigint_resumes_to_the_same_files(tiny_dir, tmp_path,
                                                                         corpus):
-    """A real process gets SIGINT once three documents are kept: one line, exit 130, no
+    """A real process gets SIGINT once a document is kept: one line, exit 130, no
     final file; the rerun computes only the rest (the documents of a corpus sweep are its
     units) and block influence and angular distance, which the clean passes feed, come out
     the same too."""
@@ -165,8 +170,8 @@ def test_a_corpus_ablate_interrupted_by_sigint_resumes_to_the_same_files(tiny_di
             "--no-plot", "-q"]
     whole, part = tmp_path / "whole", tmp_path / "part"
     cli(*args, "--out-dir", whole)
-    code, stderr, k = interrupted([*args, "--out-dir", part], part, 3, signal.SIGINT)
-    assert code == 130 and 3 <= k < 8 and not list(part.glob("*.csv"))
+    code, stderr, k = interrupted([*args, "--out-dir", part], part, 1, signal.SIGINT)
+    assert code == 130 and 1 <= k < 8 and not list(part.glob("*.csv"))
     assert stderr.strip().splitlines() == [
         f"interrupted: {k} of 8 documents kept; run the same command again to continue"]
     cli(*args, "--out-dir", part)
