@@ -72,8 +72,13 @@ def interrupted(args, out_dir, at_least: int, sig):
     """Run `blockscope *args` as a process, send `sig` once `at_least` units are kept, and
     return (its exit code, its stderr, the number of units on disk after it ended)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def as_a_terminal_would():  # a shell starts a background job with SIGINT ignored, and
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python keeps ignoring it: not here
+
     proc = subprocess.Popen([sys.executable, "-m", "blockscope", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=as_a_terminal_would)
     deadline = time.monotonic() + 240
     while len(units(out_dir)) < at_least:
         assert proc.poll() is None, proc.communicate()
