@@ -3,6 +3,7 @@ exit 2, before the model loads; and every refusal of every command exits 2, thro
 real entry point (`blockscope.cli._run`, as `blockscope` runs it), Click's usage errors and
 blockscope's own alike."""
 
+import dataclasses
 import sys
 
 import pytest
@@ -28,9 +29,10 @@ PAST = [
     (["ablate"], "--stride", 129, "--stride 129 is longer than the model's context"),
     (["ablate"], "--batch-size", 0, "--batch-size"),
     (["ablate"], "--batch-size", 100_001, "--batch-size must be between 1 and 100,000"),
-    (["ablate", "--dataset", CORPUS], "--n-tokens", 0, "--n-tokens must be at least 1"),
-    (["ablate", "--dataset", CORPUS], "--n-docs", 0, "--n-docs must be at least 1"),
     (["rearrange"], "--seed", -1, "--seed must be between 0"),
+    (["prune-blocks"], "--stride", 129, "--stride 129 is longer than the model's context"),
+    (["prune-heads"], "--stride", 129, "--stride 129 is longer than the model's context"),
+    (["rearrange", "--reverse", "0:2"], "--stride", 129, "--stride 129 is longer than the"),
     (["prune-blocks"], "--tolerance", -0.5, "--tolerance must be a fraction of 0 or more"),
     (["prune-blocks"], "--max-removed", 4, "--max-removed 4 is more than the model's 3"),
     (["prune-blocks"], "--max-removed", 0, "--max-removed"),
@@ -144,22 +146,20 @@ def numeric_options():
 
 
 # The passage and corpus options every passage command shares (one group of options):
-# values past their ends, and whether the option needs a corpus.
-PASSAGE = {"n_tokens": ([0], True), "n_docs": ([0], True), "max_tokens": ([1], False),
-           "stride": ([0, 129], False)}
+# values past their ends.
+PASSAGE = {"max_tokens": (1,), "stride": (0,)}
+CORPUS_OPTIONS = ("n_tokens", "n_docs")  # checked as the corpus is opened, before the load
 
-
-def _given(name: str, option: str) -> list:
-    if option in PASSAGE and PASSAGE[option][1]:  # resid-norm: a corpus instead of a prompt
-        return [name, *([] if name == "resid-norm" else NEEDS[name]), "--dataset", CORPUS]
-    return [name, *NEEDS[name]]
-
-
-GENERATED = [(_given(name, option), "--" + option.replace("_", "-"), value,
-              f"--{option.replace('_', '-')}")
-             for name, option in numeric_options()
-             if option in SHARED or (option in PASSAGE and name not in PASSAGE_OWN)
-             for value in (SHARED.get(option) or PASSAGE[option][0])]
+# Every command tried past the ends of each option it shares with others (the same group,
+# or the same name in options.LIMITS), by its options' own checks, which the command line
+# runs first: a value the ranges refuse, whatever the command.
+SHARED_CASES = [(name, option, value) for name, option in numeric_options()
+                if option in SHARED or (option in PASSAGE and name not in PASSAGE_OWN)
+                for value in (SHARED.get(option) or PASSAGE[option])]
+# ... and the corpus's budgets, through the command line (every command that reads one)
+PAST += [([name, *([] if name == "resid-norm" else NEEDS[name]), "--dataset", CORPUS],
+          "--" + option.replace("_", "-"), 0, f"--{option.replace('_', '-')} must be at least 1")
+         for name, option in numeric_options() if option in CORPUS_OPTIONS]
 
 
 def blockscope(monkeypatch, capsys, *args) -> tuple[int, list[str]]:
@@ -169,8 +169,8 @@ def blockscope(monkeypatch, capsys, *args) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-@pytest.mark.parametrize("given, option, value, message", PAST + GENERATED,
-                         ids=[f"{g[0]}{o}={v}" for g, o, v, _ in PAST + GENERATED])
+@pytest.mark.parametrize("given, option, value, message", PAST,
+                         ids=[f"{g[0]}{o}={v}" for g, o, v, _ in PAST])
 def test_a_value_past_either_end_is_refused_before_the_load(
         monkeypatch, capsys, tiny_dir, tmp_path, no_load, given, option, value, message):
     corpus = tmp_path / "docs.jsonl"
@@ -204,13 +204,32 @@ def test_every_refusal_of_every_command_exits_2(monkeypatch, capsys, tmp_path, n
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
 
 
+def test_every_command_refuses_a_shared_option_past_its_ends():
+    """The options many commands share (seed, bootstrap, batch size; the passage's tokens,
+    documents and stride) are refused by every command that has them, by the options'
+    own checks (what the command line runs before anything loads, in one line, exit 2, as
+    the cases above show on one command each)."""
+    from blockscope.api.options import build, parameters
+    from blockscope.errors import BadValue
+
+    for name, option, value in SHARED_CASES:
+        cls = COMMANDS[name][1]
+        values = {n: (None if d is dataclasses.MISSING else d) for n, _, d in parameters(cls)}
+        values |= {"reverse": "0:2"} if name == "rearrange" else {}  # an arrangement to run
+        o = build(cls, {**values, option: value})
+        with pytest.raises(BadValue, match=f"^{option} must be"):
+            o.check_all()
+
+
 def test_every_numeric_option_is_tried_past_each_end():
     """Every int or float option of every command is tried below its lower end here
     (its own case or the shared ranges), and above its upper end unless it has none, for the
     reason UNBOUNDED gives."""
     tried = {}
-    for given, option, value, _ in PAST + GENERATED:
+    for given, option, value, _ in PAST:
         tried.setdefault((given[0], option[2:].replace("-", "_")), []).append(value)
+    for name, option, value in SHARED_CASES:
+        tried.setdefault((name, option), []).append(value)
     missing = []
     for name, option in numeric_options():
         values = tried.get((name, option), [])

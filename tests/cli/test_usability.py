@@ -484,7 +484,7 @@ def test_help_never_cuts_an_option_or_a_default(columns):
         assert max(map(len, text.splitlines())) <= columns, (name, text)
 
 
-@pytest.mark.parametrize("columns", [80, 100])
+@pytest.mark.parametrize("columns", [80])
 def test_help_keeps_every_literal_whole_and_every_summary_whole(columns):
     """At 80 columns Click broke `resid-pre` at its hyphen and `' Paris'` at its space, and
     cut every command's summary in `blockscope --help` with `...`. Every quoted literal
