@@ -3,6 +3,7 @@ command line's own files, and to the public names docs/python.md lists."""
 
 import re
 import typing
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -158,7 +159,10 @@ def test_the_digest_and_the_sidecar_do_not_depend_on_the_folder(tiny_dir, tmp_pa
     a = cli(REPO, str(tiny_dir))
     b = cli(elsewhere, os.path.relpath(tiny_dir, elsewhere))
     assert a[0] == b[0]  # the same digest in the same file name
-    assert a[1]["text"] == b[1]["text"]
+    assert a[1]["text"]["sha256"] == b[1]["text"]["sha256"]
+    for meta in (a[1], b[1]):  # a resolved path, whichever folder it ran from
+        assert Path(meta["text"]["path"]).is_absolute()
+        assert meta["text"]["path"] == str(Path(meta["text"]["path"]).resolve())
     assert a[1]["settings_digest"] == b[1]["settings_digest"]
     monkeypatch.chdir(elsewhere)
     assert bs.ablate(bs.load(str(tiny_dir)), max_tokens=5, bootstrap=0).digest == \
