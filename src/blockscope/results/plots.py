@@ -55,7 +55,7 @@ class _PlainLog(LogFormatter):
     1.4 x 10^0, and 0.998, not the 1e+00 LogFormatter writes for it."""
 
     def _num_to_string(self, x, vmin, vmax):
-        return f"{x:,.0f}" if abs(x) >= 1e3 else f"{x:.4g}"  # 80,000, not 8e+04; 1,000
+        return _plain(x)
 
 
 class _ReadableLog(Locator):
