@@ -32,6 +32,7 @@ import torch
 
 from blockscope.interventions.points import BlockPreHook, Hook, applied, hooks
 from blockscope.interventions.rearrange import Rearrange
+from blockscope.interventions.value import Value
 
 __all__ = ["BlockPreHook", "Hook", "Intervention", "Rearrange", "RemoveWrite", "Resampled",
            "ScaleHeads", "ScaleNeurons", "SkipBlock", "applied", "head_edits", "hooks",
@@ -41,20 +42,13 @@ COMPONENTS = ("block", "attn", "mlp", "heads")
 
 
 @dataclass(frozen=True, eq=False)
-class SkipBlock:
+class SkipBlock(Value):
     """Block `layer` skipped: its output is its input, plus `fill` (d_model,) if given (its
     mean clean contribution, post - pre)."""
 
     layer: int
     fill: torch.Tensor | None = None
     component = "block"
-
-    def __eq__(self, other) -> bool:  # a value: the same layer and the same fill
-        return (isinstance(other, SkipBlock) and self.layer == other.layer
-                and _same(self.fill, other.fill))
-
-    def __hash__(self) -> int:
-        return hash(("SkipBlock", self.layer))
 
     def apply(self, resid_post: torch.Tensor, resid_pre: torch.Tensor) -> torch.Tensor:
         """The block's output `(..., d_model)`, given what it received."""
@@ -83,7 +77,7 @@ class SkipBlock:
 
 
 @dataclass(frozen=True, eq=False)
-class RemoveWrite:
+class RemoveWrite(Value):
     """One half's write to the stream (`part` "attn" or "mlp") replaced by zeros, or by
     `fill` (d_model,), its clean mean."""
 
@@ -120,7 +114,7 @@ class RemoveWrite:
 
 
 @dataclass(frozen=True, eq=False)
-class ScaleHeads:
+class ScaleHeads(Value):
     """Layer `layer`'s heads scaled by `keep` (n_heads,): keep 1 leaves a head alone, 0
     removes it, its z replaced by `fill` (n_heads, d_head) if given (its clean mean)."""
 
@@ -151,7 +145,7 @@ class ScaleHeads:
 
 
 @dataclass(frozen=True, eq=False)
-class ScaleNeurons:
+class ScaleNeurons(Value):
     """MLP neurons `neurons` of layer `layer` removed: their activation (what the MLP's
     output projection reads: after the nonlinearity, or act(gate) x up where gated) := 0,
     or `fill` (k,), their clean means."""
@@ -187,13 +181,6 @@ class Resampled:
     by position (`--method resample`). `resample(edit, acts)` makes it concrete."""
 
     point: str
-
-
-def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """Whether two fills are the same value (None, or equal tensors)."""
-    if a is None or b is None:
-        return a is b
-    return a is b or (a.shape == b.shape and bool(torch.equal(a, b)))
 
 
 def _at_positions(fill: torch.Tensor, positions: int, unit: int) -> torch.Tensor:

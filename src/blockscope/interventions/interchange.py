@@ -22,41 +22,63 @@ from dataclasses import dataclass
 
 import torch
 
+from blockscope.interventions.value import Value
+
 POINTS = ("hook_embed", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_out",
           "hook_resid_post", "attn.hook_z", "attn.hook_attn_scores")
+HEADED = ("attn.hook_z", "attn.hook_attn_scores")  # sites with a head axis
 
 
 @dataclass(frozen=True)
 class Site:
     """Where an edit writes: a TransformerLens hook point, its layer (None for
-    `hook_embed`), the token positions (the queries, for attention scores), a head (None:
-    every head) and, for attention scores, the keys."""
+    `hook_embed`), the token positions (the queries, for attention scores; None: every
+    position, a position or several), a head (None: every head) and, for attention scores,
+    the keys.
+
+    `Site("hook_resid_pre", 3)` is block 3's input at every position;
+    `Site("attn.hook_z", 2, head=1)` head 1's z in block 2, at every position."""
 
     point: str
     layer: int | None
-    positions: tuple[int, ...]
+    positions: tuple[int, ...] | None = None
     head: int | None = None
     keys: tuple[int, ...] = ()
 
     def __post_init__(self):
+        if isinstance(self.positions, int):  # one position, as a tuple
+            object.__setattr__(self, "positions", (self.positions,))
+        elif self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        object.__setattr__(self, "keys", tuple(int(k) for k in self.keys))
         if self.point not in POINTS:
             raise ValueError(f"unknown site {self.point!r}; one of {', '.join(POINTS)}")
         if (self.layer is None) != (self.point == "hook_embed"):
             raise ValueError("`hook_embed` has no layer; every other site has one")
         if (self.point == "attn.hook_attn_scores") != bool(self.keys):
             raise ValueError("`keys` go with attention scores, and only with them")
-        if not self.positions:
-            raise ValueError("a site needs at least one position")
+        if self.positions is not None and not self.positions:
+            raise ValueError("a site needs at least one position (None: every position)")
+        if self.positions is None and self.point == "attn.hook_attn_scores":
+            raise ValueError("attention scores need their query positions")
+        if self.head is not None and self.point not in HEADED:
+            raise ValueError(f"`head` goes with {' and '.join(HEADED)}, not {self.point}")
 
     @property
     def name(self) -> str:
         """The TransformerLens hook name."""
         return self.point if self.layer is None else f"blocks.{self.layer}.{self.point}"
 
+    @property
+    def first(self) -> int:
+        """The first position written (0 where every position is)."""
+        return 0 if self.positions is None else min(self.positions)
+
     def index(self, offset: int = 0) -> tuple:
         """The index of the selected values in one run's activation without its batch axis,
-        its positions counted from `offset` (a run resumed at position `offset`)."""
-        pos = torch.tensor(self.positions) - offset
+        its positions counted from `offset` (a run resumed at position `offset`; every
+        position there is from `offset` on)."""
+        pos = slice(None) if self.positions is None else torch.tensor(self.positions) - offset
         head = slice(None) if self.head is None else self.head
         if self.point == "attn.hook_z":  # (pos, n_heads, d_head)
             return (pos, head)
@@ -90,24 +112,14 @@ class Knockout:
         return torch.full_like(base, float("-inf"))
 
 
-@dataclass(frozen=True)
-class Edit:
+@dataclass(frozen=True, eq=False)
+class Edit(Value):
     """An intervention at a site, reading `source`: the name of a run whose activation at
     the same site it takes, a tensor (batch or 1, *selected shape), or None."""
 
     site: Site
     intervention: object  # anything with apply(base, source) -> activation'
     source: str | torch.Tensor | None = None
-
-    def __eq__(self, other) -> bool:  # a tensor source compares by identity
-        return (isinstance(other, Edit) and self.site == other.site
-                and self.intervention == other.intervention and (
-                    self.source is other.source if isinstance(self.source, torch.Tensor)
-                    else self.source == other.source))
-
-    def __hash__(self) -> int:
-        src = id(self.source) if isinstance(self.source, torch.Tensor) else self.source
-        return hash((self.site, self.intervention, src))
 
     def write(self, act: torch.Tensor, first: int, samples: int, offset: int,
               sources: dict) -> None:

@@ -12,7 +12,7 @@ import torch
 from blockscope.interventions.points import BlockPreHook, Hook
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Rearrange:
     """Blocks first..last (the window) replaced by `steps`: each step a tuple of block
     indices, one block run on the stream, or several run side by side on the same input

@@ -8,13 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blockscope.interventions import Intervention
+from blockscope.interventions.value import Value
 
 Progress = Callable[..., None]  # cb() advances one step; cb(total=n) sets the total
 
 
-@dataclass
-class Variant:
-    """One intervention to score."""
+@dataclass(frozen=True, eq=False)
+class Variant(Value):
+    """One variant to score, a value: its label and its edits."""
 
     label: dict  # columns this variant contributes to its row (e.g. {"layer": 3})
     edits: tuple[Intervention, ...] = field(default_factory=tuple)  # what it changes
