@@ -172,7 +172,7 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     acts = {name: c.acts for name, c in held.items()} | {"base": kept.acts}
     if progress:
         progress(total=len(variants))
-    how: dict = {"engine": engine}
+    how: dict = {"engine": str(engine)}
     values = None
     if engine == "cached":
         values, how = resume.cached(

@@ -58,6 +58,8 @@ class LastLogits:
 
 @dataclass(frozen=True)
 class TargetLogProb(LastLogits):
+    """log P(target) at the last position (column `log_prob`): `target` a token id."""
+
     target: int
     name = "log_prob"
 
@@ -68,6 +70,8 @@ class TargetLogProb(LastLogits):
 
 @dataclass(frozen=True)
 class TargetProb(LastLogits):
+    """P(target) at the last position (column `p_target`): `target` a token id."""
+
     target: int
     name = "p_target"
 
@@ -78,6 +82,9 @@ class TargetProb(LastLogits):
 
 @dataclass(frozen=True)
 class LogitDiff(LastLogits):
+    """logit(target) - logit(contrast) at the last position (column `logit_diff`): two
+    token ids."""
+
     target: int
     contrast: int
     name = "logit_diff"

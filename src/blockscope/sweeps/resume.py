@@ -34,12 +34,13 @@ def stage(e) -> int:
 
 def entry(v: Variant) -> tuple[int, int]:
     """(block, position) the variant resumes at: its first changed block and position."""
-    return min(stage(e) for e in v.edits), min(min(e.site.positions) for e in v.edits)
+    return min(stage(e) for e in v.edits), min(e.site.first for e in v.edits)
 
 
 def kind(v: Variant) -> tuple:
-    """What makes two variants' resumes differ in form, for the self-check."""
-    return tuple(sorted({e.site.point for e in v.edits}))
+    """What makes two variants' resumes differ in form, for the self-check: the sites they
+    write, and the interventions' classes there."""
+    return tuple(sorted({(e.site.point, type(e.intervention).__qualname__) for e in v.edits}))
 
 
 def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
