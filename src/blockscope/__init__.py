@@ -6,7 +6,9 @@
     result.table, result.meta, result.figure(), result.save("results")
 
 Every command is a function here, with the command's options as keywords (docs/python.md).
-They are imported on first use, so `import blockscope` and `blockscope --help` stay light.
+Your own interventions and metrics run on the same engine through `bs.sweep`, with `bs.Site`,
+`bs.Edit`, `bs.Variant`, `bs.Run` and the metric classes (docs/extending.md). They are
+imported on first use, so `import blockscope` and `blockscope --help` stay light.
 """
 
 from blockscope.versions import __version__  # noqa: F401
@@ -16,7 +18,24 @@ __all__ = [
     "ablate", "attention", "head_roles", "knockout", "layernorm", "logit_lens", "mlp_memory",
     "norm_placement", "params", "patch", "prune_blocks", "prune_heads", "rearrange",
     "reproduce", "resid_norm", "shapes", "trace",
+    # the extension API: your own variants and metrics on the engine (docs/extending.md)
+    "AddNoise", "Edit", "EngineFallback", "Knockout", "LogitDiff", "Patch", "Run", "Site",
+    "TargetLogProb", "TargetProb", "Variant", "sweep",
 ]
+_EXTENSION = {  # name -> the module that holds it
+    "AddNoise": "blockscope.interventions.interchange",
+    "Edit": "blockscope.interventions.interchange",
+    "Knockout": "blockscope.interventions.interchange",
+    "Patch": "blockscope.interventions.interchange",
+    "Site": "blockscope.interventions.interchange",
+    "Run": "blockscope.sweeps.interchange",
+    "Variant": "blockscope.sweeps.variant",
+    "LogitDiff": "blockscope.sweeps.metrics",
+    "TargetLogProb": "blockscope.sweeps.metrics",
+    "TargetProb": "blockscope.sweeps.metrics",
+    "EngineFallback": "blockscope.api.sweep",
+    "sweep": "blockscope.api.sweep",
+}
 
 
 def __getattr__(name: str):
@@ -31,6 +50,12 @@ def __getattr__(name: str):
         from blockscope.api.result import Result
 
         return Result
+    if name in _EXTENSION:
+        import importlib
+
+        found = getattr(importlib.import_module(_EXTENSION[name]), name)
+        globals()[name] = found
+        return found
     from blockscope.api import face
 
     found = face.load if name == "load" else face.face(name.replace("_", "-"))

@@ -126,12 +126,15 @@ def test_the_public_face_is_what_docs_python_md_documents():
     documented = re.findall(r"^### `bs\.(\w+)", (REPO / "docs" / "python.md").read_text(),
                             re.M)
     assert sorted(bs.__all__) == sorted(documented)
-    assert set(bs.__all__) == {"BlockscopeError", "Result", "load", *face.faces()}
+    extension = {"AddNoise", "Edit", "EngineFallback", "Knockout", "LogitDiff", "Patch", "Run",
+                 "Site", "TargetLogProb", "TargetProb", "Variant"}
+    assert set(bs.__all__) == {"BlockscopeError", "Result", "load", "sweep", *extension,
+                               *face.faces()}
     assert set(face.faces()) == {n.replace("-", "_") for n in [*CASES, "reproduce"]}
     for name in bs.__all__:
         doc = getattr(bs, name).__doc__ or ""
         assert doc.strip(), name
-        if name not in ("BlockscopeError", "Result"):
+        if name not in ("BlockscopeError", "Result", *extension):  # functions
             assert "Args:" in doc and "Returns:" in doc, name
     assert "--" not in bs.ablate.__doc__.split("Args:")[1]  # parameters, not flags
 

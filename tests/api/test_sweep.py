@@ -1,0 +1,233 @@
+"""`bs.sweep` with interventions and a metric written here, held to a plain transformers
+forward with hooks written here (tests/references.py), with both engines, on GPT-2, Llama
+(grouped-query) and GPT-NeoX (parallel blocks, partial rotary); a wrong cached form falls
+back loudly; docs/extending.md's examples run as written."""
+
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import blockscope as bs
+from blockscope.errors import BadValue
+from blockscope.model.loading import load_model, spec_for
+
+from ..builders import save_checkpoint
+from ..references import hf_capture, hf_modules, hf_run
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+TOKENS = torch.tensor([[50256, 464, 3139, 286, 4881, 318, 257, 1402]])  # BOS The capital ...
+SOURCE = torch.tensor([[50256, 464, 3139, 286, 8031, 318, 257, 1402]])  # ... Italy ...
+WORDS = (6342, 10598, 11307, 14708, 4881)  # a set of token ids the metric averages over
+
+
+@dataclass(frozen=True)
+class AddVector:
+    vector: torch.Tensor
+
+    def apply(self, base, source):
+        return base + self.vector
+
+
+@dataclass(frozen=True)
+class Scale:
+    factor: float
+
+    def apply(self, base, source):
+        return base * self.factor
+
+
+@dataclass(frozen=True)
+class Toward:
+    """base + share * (source - base): part of the way to the source run's value."""
+
+    share: float
+
+    def apply(self, base, source):
+        return base + self.share * (source - base)
+
+
+@dataclass(frozen=True)
+class MeanLogProb:
+    tokens: tuple
+    name = "mean_log_prob"
+
+    def __call__(self, logits):
+        return logits.double().log_softmax(-1)[:, list(self.tokens)].mean(-1)
+
+
+def mean_log_prob(logits) -> float:
+    return float(logits.double().log_softmax(-1)[0, list(WORDS)].mean())
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "gpt_neox"])
+def pair(request, tmp_path_factory):
+    d = save_checkpoint(request.param, tmp_path_factory.mktemp(request.param) / "m")
+    model = load_model(spec_for(str(d), device="cpu"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+    return model, hf
+
+
+def variants(model):
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(model.cfg.d_model, generator=g)
+    steer = bs.Edit(bs.Site("hook_resid_pre", 1), AddVector(v))
+    half = bs.Edit(bs.Site("attn.hook_z", 0, head=1), Scale(0.5))
+    toward = bs.Edit(bs.Site("hook_resid_pre", 0, positions=4), Toward(0.5), "italy")
+    return [bs.Variant("steer", [steer]), bs.Variant("half", [half]),
+            bs.Variant("toward", [toward]), bs.Variant({"variant": "all three"},
+                                                         (steer, half, toward))], v
+
+
+def references(model, hf, v) -> dict:
+    """Each variant's metric from the plain transformers model with hooks written here."""
+    mods = hf_modules(hf)
+    d_head = model.cfg.d_head
+
+    def steer(t):
+        return t + v
+
+    def half(t):
+        t[..., d_head:2 * d_head] *= 0.5  # head 1's columns of the output projection's input
+        return t
+
+    italy = hf_capture(hf, SOURCE, mods["layers"][0], "pre")
+
+    def toward(t):
+        t[:, 4] += 0.5 * (italy[:, 4] - t[:, 4])
+        return t
+
+    hooks = {"steer": [(mods["layers"][1], "pre", steer)], "half": [(mods["o"][0], "pre", half)],
+             "toward": [(mods["layers"][0], "pre", toward)]}
+    hooks["all three"] = [*hooks["steer"], *hooks["half"], *hooks["toward"]]
+    return {name: mean_log_prob(hf_run(hf, TOKENS, h)) for name, h in hooks.items()}
+
+
+@pytest.mark.parametrize("engine", ["cached", "naive"])
+def test_sweep_with_a_users_interventions_and_metric_equals_hf_hooks(pair, engine):
+    model, hf = pair
+    vs, v = variants(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bs.EngineFallback)
+        result = bs.sweep(model, vs, MeanLogProb(WORDS), base=bs.Run(TOKENS),
+                          sources={"italy": bs.Run(SOURCE)}, engine=engine)
+    assert result.meta["how"]["engine"] == engine
+    assert list(result.table.columns) == ["variant", "mean_log_prob"]
+    base = mean_log_prob(hf_run(hf, TOKENS, []))
+    # float32 logits: a few ulps of their size through 2 blocks and the log-softmax
+    tol = 1e-5 * (1 + abs(base))
+    assert abs(result.meta["base"]["mean_log_prob"] - base) <= tol
+    assert abs(result.meta["sources"]["italy"]["mean_log_prob"]
+               - mean_log_prob(hf_run(hf, SOURCE, []))) <= tol
+    want = references(model, hf, v)
+    for row in result.table.itertuples():
+        assert abs(want[row.variant] - base) > 100 * tol, row  # each edit is seen
+        assert abs(row.mean_log_prob - want[row.variant]) <= tol, (row, want[row.variant])
+    work = result.meta["how"]["block_positions"]
+    assert work <= len(vs) * model.cfg.n_layers * TOKENS.shape[1]
+
+
+def test_a_wrong_cached_form_falls_back_loudly_to_the_naive_loop(pair, monkeypatch):
+    """An edit written wrongly where the engine resumes a variant part-way along the
+    sequence (offset > 0: the cached path only) is caught by the self-check."""
+    from blockscope.interventions.interchange import Edit
+
+    model, hf = pair
+    right = Edit.write
+
+    def wrong(self, act, first, samples, offset, sources):
+        right(self, act, first, samples, offset, sources)
+        if offset > 0:
+            act[first:first + samples] *= 1.5
+
+    monkeypatch.setattr(Edit, "write", wrong)
+    _, v = variants(model)
+    edit = bs.Edit(bs.Site("hook_resid_pre", 1, positions=(3, 4)), AddVector(v))
+    with pytest.warns(bs.EngineFallback, match="self-check failed"):
+        result = bs.sweep(model, [bs.Variant("steer late", [edit])], MeanLogProb(WORDS),
+                          base=bs.Run(TOKENS))
+    how = result.meta["how"]
+    assert how["engine"] == "naive" and "every variant was run by the naive loop" in how[
+        "fallback"]
+
+    def steer(t):
+        t[:, 3:5] += v
+        return t
+
+    want = mean_log_prob(hf_run(hf, TOKENS, [(hf_modules(hf)["layers"][1], "pre", steer)]))
+    assert abs(result.table.mean_log_prob[0] - want) <= 1e-5 * (1 + abs(want))
+
+
+def test_sweep_refuses_what_it_cannot_run(tiny):
+    one = [bs.Variant("x", [bs.Edit(bs.Site("hook_resid_pre", 1), Scale(0.5))])]
+    metric = bs.TargetLogProb(11)
+    cases = [
+        ([bs.Variant("x", [bs.Edit(bs.Site("hook_resid_pre", 9), Scale(0.5))])], {},
+         "layer 9 is outside 0..2"),
+        ([bs.Variant("x", [bs.Edit(bs.Site("hook_resid_pre", 1, 40), Scale(0.5))])], {},
+         "positions must be within 0..7"),
+        ([bs.Variant("x", [bs.Edit(bs.Site("attn.hook_z", 1, head=4), Scale(0.5))])], {},
+         "head 4 is outside 0..3"),
+        ([bs.Variant("x", [Scale(0.5)])], {}, "edits here are bs.Edit"),
+        ([bs.Variant("x", [bs.Edit(bs.Site("hook_resid_pre", 1), object())])], {},
+         "has no apply"),
+        ([], {}, "variants is empty"),
+        (one, {"other": bs.Run(TOKENS[:, :5])}, "source run 'other' is 5 tokens"),
+        (one, {"engine": "fast"}, "engine must be one of"),
+    ]
+    for vs, extra, message in cases:
+        sources = {k: r for k, r in extra.items() if isinstance(r, bs.Run)}
+        options = {k: r for k, r in extra.items() if not isinstance(r, bs.Run)}
+        with pytest.raises(BadValue, match=re.escape(message)):
+            bs.sweep(tiny, vs, metric, base=bs.Run(TOKENS), sources=sources, **options)
+    with pytest.raises(ValueError, match="`head` goes with"):
+        bs.Site("hook_resid_pre", 1, head=0)
+
+
+def test_sweep_reads_a_string_as_the_commands_do_and_names_its_files(tiny, tmp_path):
+    from blockscope.inputs.text import tokenize
+
+    edit = bs.Edit(bs.Site("hook_resid_pre", 1), Scale(0.5))
+    text = "The capital of France is"
+    a = bs.sweep(tiny, [bs.Variant("half", [edit])], bs.TargetLogProb(11), base=bs.Run(text))
+    ids = tokenize(tiny.tokenizer, text, prepend_bos=True)
+    b = bs.sweep(tiny, [bs.Variant("half", [edit])], bs.TargetLogProb(11), base=bs.Run(ids))
+    assert a.digest == b.digest and a.table.equals(b.table)
+    assert a.meta["tokens"] == ids.shape[1]
+    other = bs.Edit(bs.Site("hook_resid_pre", 1), Scale(0.25))
+    c = bs.sweep(tiny, [bs.Variant("half", [other])], bs.TargetLogProb(11), base=bs.Run(ids))
+    assert c.digest != a.digest  # the intervention's fields are in the digest
+    names = sorted(p.name for p in a.save(tmp_path))
+    assert names == [f"sweep-tiny-gpt2-{a.digest}.csv", f"sweep-tiny-gpt2-{a.digest}.json"]
+
+
+def examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)[1:]
+
+
+def test_the_extending_docs_examples_run_as_written(tmp_path_factory, monkeypatch, capsys):
+    """Each worked example of docs/extending.md, on a tiny Llama (smollm2-135m's family) of
+    10 blocks in place of smollm2-135m, holds a row per variant, on the cached engine, with
+    no fallback."""
+    # 10 blocks: the steering example writes at block 8
+    d = save_checkpoint("llama", tmp_path_factory.mktemp("llama") / "m",
+                        num_hidden_layers=10)
+    model = load_model(spec_for(str(d), device="cpu"))
+    monkeypatch.setattr(bs, "load", lambda name: model)
+    code = examples()
+    assert len(code) == 3
+    rows = [4, model.cfg.n_layers * model.cfg.n_heads, model.cfg.n_layers]
+    for block, n in zip(code, rows, strict=True):
+        assert 'bs.load("smollm2-135m")' in block
+        scope: dict = {"__name__": "example"}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bs.EngineFallback)
+            exec(compile(block, str(DOC), "exec"), scope)
+        result = scope["result"]
+        assert len(result.table) == n and result.meta["how"]["engine"] == "cached"
+        assert result.table.iloc[:, -1].notna().all()
+    assert "coefficient" in capsys.readouterr().out
