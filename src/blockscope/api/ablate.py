@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, engine_record, err, out
+from blockscope.api.common import command, engine_record, err
 from blockscope.api.corpus_run import passage_command, stability_line, uncertainty_record
 from blockscope.api.options import Load, Options, Output, group
 from blockscope.api.output import write
@@ -66,7 +66,7 @@ class Ablate(Options):
 
 
 @command
-def ablate(o: Ablate) -> None:
+def ablate(o: Ablate):
     """Skip each block in turn (its output = its input) and report perplexity on a passage
     or a corpus, with bootstrap intervals.
 
@@ -88,25 +88,24 @@ def ablate(o: Ablate) -> None:
             settings=c.settings.reporting(step))
     sweep_s = time.perf_counter() - swept
     if not c.writes:
-        return
+        return None
     correlations, uncertainty = experiment.metric_correlations(df), uncertainty_record(df)
-    if not o.out.quiet:
-        out.print(ablation_table(df, c.title))
-        out.print(correlation_line(correlations), highlight=False)
-        out.print(stability_line(uncertainty), highlight=False)
+    said = [ablation_table(df, c.title), (correlation_line(correlations), {"highlight": False}),
+            (stability_line(uncertainty), {"highlight": False})]
 
     def plot():
         from blockscope.results.plots import ablation_plot
 
         return ablation_plot(df, f"{c.title}: perplexity with {SHOWN[part]}{mean}")
 
-    c.finish({"": df}, n_scored=df.loc[0, "n_scored"], suffix=o.suffix, plot=plot, part=part,
-             method=method, block_metrics=experiment.metrics_meaning(part),
-             **resample_record(o.method, df), spearman_with_delta=correlations,
-             uncertainty=uncertainty, sweep_s=round(sweep_s, 3))
+    return c.finish({"": df}, n_scored=df.loc[0, "n_scored"], suffix=o.suffix, plot=plot,
+                    shown=said, part=part, method=method,
+                    block_metrics=experiment.metrics_meaning(part),
+                    **resample_record(o.method, df), spearman_with_delta=correlations,
+                    uncertainty=uncertainty, sweep_s=round(sweep_s, 3))
 
 
-def decomposed(o: Ablate, c) -> None:
+def decomposed(o: Ablate, c):
     """`--decompose`: the split per removed component (and per token), its table, its
     headline, a stacked bar per component."""
     from blockscope.experiments import ablate as experiment
@@ -126,9 +125,7 @@ def decomposed(o: Ablate, c) -> None:
                                            settings=c.settings.reporting(step))
     title = f"{run.spec.label} on {run.describe()}"
     line = headline(df, run.model.cfg.n_layers)
-    if not o.out.quiet:
-        out.print(decompose_table(df, title, part, method))
-        out.print(line, highlight=False)
+    said = [decompose_table(df, title, part, method), (line, {"highlight": False})]
     meta = run.meta("ablate", n_scored=df.attrs["n_scored"], part=part, method=method,
                     decompose=True, **engine_record(df), headline=line, columns=MEANING,
                     **({"resample": df.attrs["resample"]} if "resample" in df.attrs else {}),
@@ -141,7 +138,7 @@ def decomposed(o: Ablate, c) -> None:
 
         extra[f"{stem}.png"] = decompose_plot(df, f"{run.spec.label}, {SHOWN[part]} "
                                               f"({method}): where the logit change comes from")
-    write(o, stem, frames, meta, extra=extra)
+    return write(o, stem, frames, meta, extra=extra, shown=said)
 
 
 def decompose_table(df, title: str, part: str, method: str):

@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, comma_list, flag, group
 from blockscope.api.output import write
 from blockscope.api.prompts import prompt_run
@@ -48,7 +48,7 @@ class AttentionOptions(Options):
 
 
 @command
-def attention(o: AttentionOptions) -> None:
+def attention(o: AttentionOptions):
     """The attention patterns of chosen heads on a prompt: a heatmap grid, each query's
     top-3 keys, and a long CSV.
 
@@ -64,8 +64,6 @@ def attention(o: AttentionOptions) -> None:
     heads = experiment.check_heads(sizes_of(run.model), layers,
                                    comma_list(o.head, "head", int))
     df = experiment.attention_table(run.model, tokens, layers=layers, heads=heads)
-    if not o.out.quiet:
-        render_attention(df, experiment, spec.label)
     meta = run.meta("attention", o.prepend_bos, started, layers=layers, heads=heads,
                     read_at="blocks.<layer>.attn.hook_pattern (each query head's own pattern)")
     digest = hashlib.sha256(json.dumps([tokens[0].tolist(), layers, heads],
@@ -77,12 +75,13 @@ def attention(o: AttentionOptions) -> None:
 
         extra[f"{stem}.png"] = attention_plot(df, f"{spec.label}: attention on {run.text!r}"
                                               [:120])
-    write(o, stem, {"": df}, meta, extra)
+    return write(o, stem, {"": df}, meta, extra, render_attention(df, experiment, spec.label))
 
 
-def render_attention(df, experiment, name: str) -> None:
+def render_attention(df, experiment, name: str) -> list:
     from rich.table import Table
 
+    shown = []
     for layer, head in dict.fromkeys(zip(df["layer"], df["head"], strict=True)):
         t = Table(title=f"{name}: layer {layer}, head {head}: top-3 keys per query")
         t.add_column("query", overflow="fold")
@@ -90,4 +89,5 @@ def render_attention(df, experiment, name: str) -> None:
             t.add_column(f"#{i + 1}", overflow="fold")
         for query, keys in experiment.top_keys(df, layer, head):
             t.add_row(query, *[f"{k} {w:.2f}" for k, w in keys])
-        out.print(t)
+        shown.append(t)
+    return shown

@@ -174,10 +174,11 @@ class PassageCommand:
         return f"{self.run.spec.label} on {self.run.describe()}"
 
     def finish(self, frames: dict, *, n_scored: int, ran: tuple = (), suffix: str = "",
-               plot=None, **fields) -> None:
-        """Write `frames` (`{csv suffix: DataFrame}`) with the sidecar (the common fields:
-        `n_scored`, how the sweeps behind the frames `ran`, the KL's meaning, the wall time;
-        then `fields`) and, with --plot, `plot()`'s picture."""
+               plot=None, shown: list | None = None, **fields):
+        """The Result: `frames` (`{csv suffix: DataFrame}`) with the sidecar (the common
+        fields: `n_scored`, how the sweeps behind the frames `ran`, the KL's meaning, the
+        wall time; then `fields`), with --plot `plot()`'s picture, and `shown` (what the
+        command line prints)."""
         from blockscope.api.common import engine_record
         from blockscope.api.output import write
         from blockscope.sweeps import stats
@@ -189,7 +190,7 @@ class PassageCommand:
                              wall_time_s=round(time.perf_counter() - self.started, 3))
         stem = f"{self.command}-{self.run.spec.slug}-{self.run.source.stem}{suffix}"
         extra = {f"{stem}.png": plot()} if plot is not None and self.o.out.plot else {}
-        write(self.o, stem, frames, meta, extra=extra)
+        return write(self.o, stem, frames, meta, extra=extra, shown=shown)
 
 
 def passage_command(o, command: str) -> PassageCommand:

@@ -23,7 +23,7 @@ from blockscope.api.common import COMMANDS, holding
 from blockscope.api.console import err, out
 from blockscope.api.options import Options, build, parameters
 from blockscope.api.output import OUTPUT_ONLY
-from blockscope.api.result import Result, collecting
+from blockscope.api.result import Result
 from blockscope.errors import BadValue, BlockscopeError
 
 NOT_FACES = {"get-model", "toy-model"}  # utilities that write a model, not results
@@ -137,12 +137,12 @@ def face(name: str):
                             f" {missing[0]!r}")
         o = build(cls, {n: values.get(n) for n, _, _ in parameters(cls)})
         o.check_all()
-        with _silent(), _reporting(progress), collecting() as results, (
+        with _silent(), _reporting(progress), (
                 holding(*held) if held else contextlib.nullcontext()):
-            fn(o)
-        if not results:
+            result = fn(o)
+        if result is None:
             raise BlockscopeError(f"{name} gave no results")
-        return results[0]
+        return result
 
     run.__name__ = run.__qualname__ = name.replace("-", "_")
     run.__signature__ = _signature(options, holds, arguments)

@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, err, out
+from blockscope.api.common import command, err
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, at_least, flag, group
 from blockscope.api.output import write
 from blockscope.api.text_options import TextFileOpt
@@ -52,7 +52,7 @@ class HeadRoles(Options):
 
 
 @command
-def head_roles(o: HeadRoles) -> None:
+def head_roles(o: HeadRoles):
     """Score every head as previous-token, duplicate-token and induction head
     (TransformerLens's head detector, "mul" measure), beside prune-heads' importance.
 
@@ -75,8 +75,9 @@ def head_roles(o: HeadRoles) -> None:
     if joined is not None:
         df, corr = experiment.join_importance(df, pd.read_csv(joined))
     tops = {role: experiment.top_heads(df, role) for role in experiment.ROLES}
-    if not o.out.quiet:
-        render_roles(tops, corr, spec.label)
+    said = ([] if joined is None or o.from_prune_heads is not None
+            else [(f"joining {joined}", {"highlight": False, "soft_wrap": True})])
+    said += render_roles(tops, corr, spec.label)
     meta = run.meta(
         "head-roles", measure=experiment.MEASURE, n_random=o.n_random, seed=o.seed,
         sequences={"previous_token": tokens[0].tolist(),
@@ -91,7 +92,7 @@ def head_roles(o: HeadRoles) -> None:
 
         extra[f"{stem}.png"] = head_roles_plot(df, experiment.ROLES, lm.cfg.n_layers,
                                                lm.cfg.n_heads, f"{spec.label}: head roles")
-    write(o, stem, {"": df}, meta, extra)
+    return write(o, stem, {"": df}, meta, extra, shown=said)
 
 
 def context_tokens(o: HeadRoles, run):
@@ -124,7 +125,6 @@ def _prune_heads_csv(explicit: Path | None, out_dir: Path, spec, passage) -> Pat
     found = [p for p in Path(out_dir).glob("prune-heads-*.csv") if name.fullmatch(p.name)]
     for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
         if _same_run(path, spec, passage):
-            out.print(f"joining {path}", highlight=False, soft_wrap=True)
             return path
     return None
 
@@ -138,16 +138,18 @@ def _same_run(csv: Path, spec, passage) -> bool:
         return False
 
 
-def render_roles(tops: dict, corr: dict | None, name: str) -> None:
+def render_roles(tops: dict, corr: dict | None, name: str) -> list:
     from rich.table import Table
 
+    said = []
     t = Table(title=f"{name}: top heads per role (layer.head score)")
     t.add_column("role", overflow="fold")
     for i in range(max(len(v) for v in tops.values())):
         t.add_column(f"#{i + 1}", justify="right", overflow="fold")
     for role, heads in tops.items():
         t.add_row(role.replace("_", " "), *[f"{layer}.{head} {s:.2f}" for layer, head, s in heads])
-    out.print(t)
+    said.append(t)
     if corr:
-        out.print("Spearman correlation of role score with importance: " + ", ".join(
-            f"{k} {v:+.2f}" for k, v in corr.items()), highlight=False, soft_wrap=True)
+        said.append(("Spearman correlation of role score with importance: " + ", ".join(
+            f"{k} {v:+.2f}" for k, v in corr.items()), {"highlight": False, "soft_wrap": True}))
+    return said

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.facts import (
     AllFactsOpt,
     FactsOpt,
@@ -69,7 +69,7 @@ class KnockoutOptions(Options):
 
 
 @command
-def knockout(o: KnockoutOptions) -> None:
+def knockout(o: KnockoutOptions):
     """Attention knockout: stop the last position attending to the subject, to the other
     positions, or to itself, in a window of blocks, and see what P(target) loses (Geva et
     al. 2023).
@@ -90,8 +90,7 @@ def knockout(o: KnockoutOptions) -> None:
                                  window=window_of(o, lm, GEVA_WINDOW),
                                  bos=o.prepend_bos,
                                  settings=o.sweep.settings().reporting(tick))
-    if not o.out.quiet:
-        render(df, run.spec.label, word)
+    said = render(df, run.spec.label, word)
     meta = run.meta("knockout", o.prepend_bos, started, subject=o.subject,
                     subject_tokens=list(span), target=word, target_id=target,
                     p_clean=df.attrs["p_clean"], window=df.attrs["window"],
@@ -105,10 +104,10 @@ def knockout(o: KnockoutOptions) -> None:
 
         extra[f"{stem}.png"] = knockout_plot(df, f"{run.spec.label}: attention knocked out "
                                              f"into the last position", word)
-    write(o, stem, {"": df}, meta, extra=extra)
+    return write(o, stem, {"": df}, meta, extra=extra, shown=said)
 
 
-def knockout_facts(o: KnockoutOptions, started: float) -> None:
+def knockout_facts(o: KnockoutOptions, started: float):
     from blockscope.api.common import model_record
     from blockscope.experiments import knockout as experiment
     from blockscope.results.files import sidecar
@@ -121,11 +120,9 @@ def knockout_facts(o: KnockoutOptions, started: float) -> None:
     done = many_facts(o, "knocking out", one, ["from", "layer_start", "layer_end"],
                       "relative_change", started)
     if done is None:
-        return
+        return None
     spec, lm, per_fact, avg, record = done
     avg.attrs["window"] = window_of(o, lm, GEVA_WINDOW)
-    if not o.out.quiet:
-        render_facts(avg, spec.label, record["n_used"])
     meta = sidecar(command="knockout", model=model_record(spec, lm), **record,
                    window=avg.attrs["window"],
                    prepend_bos=o.prepend_bos, dtype=spec.dtype, device=spec.device,
@@ -138,10 +135,12 @@ def knockout_facts(o: KnockoutOptions, started: float) -> None:
         extra[f"{stem}.png"] = knockout_plot(avg, f"{spec.label}: attention knocked out into "
                                              f"the last position, mean over {record['n_used']} "
                                              "facts", "target")
-    write(o, stem, {"": avg, "-per-fact": per_fact}, meta, extra=extra)
+    return write(o, stem, {"": avg, "-per-fact": per_fact}, meta, extra=extra,
+                 shown=render_facts(avg, spec.label, record["n_used"]))
 
 
-def render_facts(avg, label: str, n: int) -> None:
+def render_facts(avg, label: str, n: int) -> list:
+    said = []
     from blockscope.results.render import table
 
     worst = avg.loc[avg.groupby("from", sort=False)["relative_change"].idxmin()]
@@ -149,23 +148,26 @@ def render_facts(avg, label: str, n: int) -> None:
                          ci=[f"{a:+.1%}..{b:+.1%}" for a, b in zip(worst["ci_low"],
                                                                   worst["ci_high"],
                                                                   strict=True)])
-    out.print(table(shown, {"from": ("edges from", "s"), "blocks": ("worst window", "s"),
+    said.append(table(shown, {"from": ("edges from", "s"), "blocks": ("worst window", "s"),
                             "relative_change": ("mean change", "+.1%"),
                             "ci": ("95% interval", "s")},
                     title=f"{label}: knockout into the last position, {n} facts",
                     caption="layers from 0; every window is in the CSV, each fact's in "
                     "-per-fact"))
+    return said
 
 
-def render(df, label: str, word: str) -> None:
+def render(df, label: str, word: str) -> list:
+    said = []
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
     worst = df.loc[df.groupby("from", sort=False)["relative_change"].idxmin()]
     shown = worst.assign(blocks=[f"{r.layer_start}-{r.layer_end}" for r in worst.itertuples()])
-    out.print(table(shown, {"from": ("edges from", "s"), "blocks": ("worst window", "s"),
+    said.append(table(shown, {"from": ("edges from", "s"), "blocks": ("worst window", "s"),
                             "p_target": (f"P({visible(word)})", ".4f"),
                             "relative_change": ("change", "+.1%")},
                     title=f"{label}: knocking out attention into the last position",
                     caption=f"clean P {df.attrs['p_clean']:.4f}; layers from 0; every window "
                     "is in the CSV"))
+    return said

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import Options, Written, comma_list, group
 from blockscope.api.output import write
 
@@ -27,7 +27,7 @@ class LayerNorm(Options):
 
 
 @command
-def layernorm(o: LayerNorm) -> None:
+def layernorm(o: LayerNorm):
     """Layer normalization worked step by step, checked against torch's layer_norm.
 
     Example: blockscope layernorm 2 4 6 8   (options first, then -- before negatives: -- -1 2 3)
@@ -39,19 +39,17 @@ def layernorm(o: LayerNorm) -> None:
     values = o.values
     df = layer_norm_steps(values, gain=comma_list(o.gain, "gain"),
                           bias=comma_list(o.bias, "bias"), eps=o.eps)
-    if not o.out.quiet:
-        from rich.table import Table
+    from rich.table import Table
 
-        t = Table(title=f"layer norm of {', '.join(fmt(v, 'g') for v in values)} (eps "
-                  f"{o.eps:g})")
-        t.add_column("step", overflow="fold")
-        t.add_column("value", justify="right", overflow="fold")
-        for step, group_ in df.groupby("step", sort=False):
-            vals = [fmt(v, ".3f") if step != "max abs difference" else fmt(v, ".1e")
-                    for v in group_["value"]]
-            t.add_row(step, ", ".join(vals) if len(vals) == 1 else "[" + ", ".join(vals) + "]")
-        out.print(t)
+    t = Table(title=f"layer norm of {', '.join(fmt(v, 'g') for v in values)} (eps "
+              f"{o.eps:g})")
+    t.add_column("step", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
+    for step, group_ in df.groupby("step", sort=False):
+        vals = [fmt(v, ".3f") if step != "max abs difference" else fmt(v, ".1e")
+                for v in group_["value"]]
+        t.add_row(step, ", ".join(vals) if len(vals) == 1 else "[" + ", ".join(vals) + "]")
     meta = sidecar(command="layernorm", values=values, gain=o.gain, bias=o.bias, eps=o.eps,
                    variance="population (divide by n)", std="sqrt(variance + eps)")
     stem = "layernorm-" + "_".join(fmt(v, "g") for v in values)
-    write(o, stem[:120], {"": df}, meta)
+    return write(o, stem[:120], {"": df}, meta, shown=[t])

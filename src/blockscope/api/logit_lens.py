@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import (
     BosTokenOpt,
     Load,
@@ -67,7 +67,7 @@ class LogitLens(Options):
 
 
 @command
-def logit_lens(o: LogitLens) -> None:
+def logit_lens(o: LogitLens):
     """The logit lens: at every point of the residual stream, the model's own final norm and
     unembedding; and each component's direct contribution to the target's logit.
 
@@ -89,8 +89,6 @@ def logit_lens(o: LogitLens) -> None:
     pos, chosen = positions[-1], int(df["target_id"].iloc[-1])  # the target attributed
     attrs = (experiment.attribution(lm, tokens, position=pos, target=chosen, contrast=against)
              if o.attribution else None)
-    if not o.out.quiet:
-        render(df, attrs, spec.label, o.all_positions, o.contrast)
     meta = run.meta("logit-lens", o.prepend_bos, started, positions=positions,
                     target=df["target"].iloc[-1], contrast=o.contrast, top_k=o.top_k,
                     read_as=READ_AS, attribution=None if attrs is None else {
@@ -104,28 +102,29 @@ def logit_lens(o: LogitLens) -> None:
         title = f"{spec.label} on {run.shown()!r}"
         extra[f"{stem}.png"] = (plots.lens_grid_plot(df, title) if o.all_positions
                                 else plots.lens_plot(df, attrs, title))
-    write(o, stem, {"": df} if attrs is None else {"": df, "-attribution": attrs}, meta,
-          extra=extra)
+    return write(o, stem, {"": df} if attrs is None else {"": df, "-attribution": attrs}, meta,
+                 extra=extra, shown=render(df, attrs, spec.label, o.all_positions, o.contrast))
 
 
-def render(df, attrs, label: str, grid: bool, contrast: str | None) -> None:
+def render(df, attrs, label: str, grid: bool, contrast: str | None) -> list:
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
+    said = []
     if grid:
         top = df.pivot(index="point", columns="position", values="top1").reindex(
             df["point"].unique())
         shown = top.map(visible).reset_index()
-        out.print(table(shown, {"point": ("after", "s"), **{c: (str(c), "s") for c in
+        said.append(table(shown, {"point": ("after", "s"), **{c: (str(c), "s") for c in
                                                            top.columns}},
                         title=f"{label}: the lens's top-1 token at every point and position",
                         caption=READ_AS))
-        return
+        return said
     k = sum(c.startswith("top") for c in df.columns)
     shown = df.assign(top=[" ".join(f"{visible(r[f'top{i}'])}:{r[f'p{i}']:.2f}"
                                     for i in range(1, k + 1)) for _, r in df.iterrows()])
     target = visible(df["target"].iloc[-1])
-    out.print(table(shown, {"point": ("after", "s"), "top": (f"top {k} (probability)", "s"),
+    said.append(table(shown, {"point": ("after", "s"), "top": (f"top {k} (probability)", "s"),
                             "target_rank": (f"rank of {target}", ",d"),
                             "target_prob": ("its probability", ".4f"),
                             "kl_from_final": ("KL from final", ".3f")},
@@ -135,9 +134,10 @@ def render(df, attrs, label: str, grid: bool, contrast: str | None) -> None:
         blocks = attrs[attrs["level"] == "block"]
         top = blocks.reindex(blocks["contribution"].abs().sort_values(ascending=False).index)
         what = f"{target} - {visible(contrast)}" if contrast else target
-        out.print(table(top.head(8), {"component": ("component", "s"),
+        said.append(table(top.head(8), {"component": ("component", "s"),
                                       "contribution": ("direct logit", "+.3f")},
                         title=f"largest direct contributions to the logit of {what} "
                         f"({attrs.attrs['logit']:.3f})",
                         caption="blocks count from 0; every "
                         "component, and each head (layer.head from 0), is in the CSV"))
+    return said

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import (
     BosTokenOpt,
     Load,
@@ -85,7 +85,7 @@ class MlpMemory(Options):
 
 
 @command
-def mlp_memory(o: MlpMemory) -> None:
+def mlp_memory(o: MlpMemory):
     """The MLP as a key-value memory (Geva et al.): the neurons whose activation x value
     adds most to the target's logit, what their writes promote, and what removing them does.
 
@@ -114,8 +114,6 @@ def mlp_memory(o: MlpMemory) -> None:
     keys = None if docs is None else experiment.triggers(
         lm, docs, [(int(r.layer), int(r.neuron), 1.0 if r.activation >= 0 else -1.0)
                    for r in df.itertuples()], n_examples=o.n_examples)
-    if not o.out.quiet:
-        render(layers, df, spec.label, label, keys)
     meta = run.meta("mlp-memory", o.prepend_bos, started, position=pos, target=label,
                     contrast=o.contrast, removal=df.attrs, keys=None if docs is None else {
                         "corpus": docs.record, "n_examples": o.n_examples, "read": KEYS_READ},
@@ -128,7 +126,8 @@ def mlp_memory(o: MlpMemory) -> None:
 
         extra[f"{stem}.png"] = memory_plot(df, keys, f"{spec.label}: the MLP neurons writing "
                                            f"{label!r} on {o.prompt!r}")
-    write(o, stem, frames, meta, extra=extra)
+    return write(o, stem, frames, meta, extra=extra,
+                 shown=render(layers, df, spec.label, label, keys))
 
 
 def targets(o: MlpMemory, lm, tokens, pos: int) -> tuple[int, int | None]:
@@ -162,12 +161,13 @@ def read_keys_corpus(source, passage, lm, quiet: bool):
     return docs
 
 
-def render(layers, df, label: str, target: str, keys=None) -> None:
+def render(layers, df, label: str, target: str, keys=None) -> list:
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
+    said = []
     shown = layers.assign(block=layers["layer"] + 1)
-    out.print(table(shown, {"block": ("block", "d"), "contribution": ("MLP's direct logit",
+    said.append(table(shown, {"block": ("block", "d"), "contribution": ("MLP's direct logit",
                                                                       "+.3f"),
                             "share_of_logit": ("of the logit", ".1%"),
                             "top_share": ("of it, the neurons below", ".1%")},
@@ -176,7 +176,7 @@ def render(layers, df, label: str, target: str, keys=None) -> None:
     neat = df.assign(block=df["layer"] + 1,
                      promotes=df["promotes"].map(lambda s: " ".join(map(visible,
                                                                         s.split("|")))))
-    out.print(table(neat, {"block": ("block", "d"), "neuron": ("neuron", "d"),
+    said.append(table(neat, {"block": ("block", "d"), "neuron": ("neuron", "d"),
                            "activation": ("activation", "+.2f"),
                            "contribution": ("direct logit", "+.3f"),
                            "target_rank": (f"rank of {visible(target)} in its write", ",d"),
@@ -185,12 +185,13 @@ def render(layers, df, label: str, target: str, keys=None) -> None:
     if keys is not None:
         first = keys[keys["rank"] == 1].assign(block=keys["layer"] + 1, context=keys[
             "context"].map(lambda c: " ".join(c[-60:].split())))  # one line, spaces kept
-        out.print(table(first, {"block": ("block", "d"), "neuron": ("neuron", "d"),
+        said.append(table(first, {"block": ("block", "d"), "neuron": ("neuron", "d"),
                                 "activation": ("activation", "+.2f"),
                                 "context": ("the context that triggers it most", "s")},
                         title="each neuron's key: the corpus context firing it most",
                         caption="all top contexts are in the -keys CSV"))
     a = df.attrs
-    out.print(f"removing these {a['n_removed']} neurons ({a['method']}): the probability of "
-              f"{visible(target)} goes from {a['prob_before']:.4f} to {a['prob_after']:.4f}",
-              highlight=False, soft_wrap=True)
+    said.append((f"removing these {a['n_removed']} neurons ({a['method']}): the probability "
+                 f"of {visible(target)} goes from {a['prob_before']:.4f} to "
+                 f"{a['prob_after']:.4f}", {"highlight": False, "soft_wrap": True}))
+    return said

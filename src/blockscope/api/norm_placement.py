@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, err, out, status
+from blockscope.api.common import command, err, status
 from blockscope.api.options import Options, Output, at_least, comma_list, flag, group, within
 from blockscope.api.output import write
 from blockscope.api.text_options import TextFileOpt
@@ -78,7 +78,7 @@ class NormPlacement(Options):
 
 
 @command
-def norm_placement(o: NormPlacement) -> None:
+def norm_placement(o: NormPlacement):
     """Pre-norm against post-norm: gradient norms per layer at initialization, and small
     models trained with and without a learning-rate warm-up. No weights are downloaded.
 
@@ -99,8 +99,6 @@ def norm_placement(o: NormPlacement) -> None:
             init_cfg, train_cfg, data, tc, max_tokens=o.max_tokens, seeds=o.seeds,
             progress=(tick, tick))
     finals = experiment.final_losses(trained) if o.train_steps else None
-    if not o.out.quiet:
-        render(summary, finals, claims, o.warmup_steps, plateau)
     meta = experiment.sidecar_record(init_cfg, train_cfg, tc)
     meta.update(command="norm-placement", model=o.model, tokenizer=o.tokenizer.value,
                 text={"path": passage.where, "sha256": passage.sha256},
@@ -120,7 +118,8 @@ def norm_placement(o: NormPlacement) -> None:
             extra["norm-placement-train.png"] = plots.norm_train_plot(
                 trained, "final training loss against the learning rate")
     frames = {"-init": init, **({"-train": trained} if o.train_steps else {})}
-    write(o, "norm-placement", frames, sidecar(**meta), extra)
+    return write(o, "norm-placement", frames, sidecar(**meta), extra,
+                 shown=render(summary, finals, claims, o.warmup_steps, plateau))
 
 
 def stacks(o: NormPlacement, passage):
@@ -170,12 +169,13 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
     return config, encode, len(tok)
 
 
-def render(summary, finals, claims, warmup: int, plateau: float) -> None:
+def render(summary, finals, claims, warmup: int, plateau: float) -> list:
     import pandas as pd
 
     from blockscope.experiments.norm_placement import MARGIN
     from blockscope.results.render import table
 
+    said = []
     keys = [(lay, s) for lay in ("pre", "post") for s in (False, True)]
     grid = summary.pivot_table(index="layer", columns=["layout", "scaled_init"],
                                values="grad_norm", sort=False)
@@ -183,14 +183,14 @@ def render(summary, finals, claims, warmup: int, plateau: float) -> None:
                          **{f"{lay}|{s}": grid[(lay, s)] for lay, s in keys}})
     columns = {"layer": ("layer", "d"), **{f"{lay}|{s}": (
         f"{lay}-norm {'scaled' if s else 'unscaled'}", "sig3") for lay, s in keys}}
-    out.print(table(rows, columns, title="gradient norm per block at initialization (mean "
+    said.append(table(rows, columns, title="gradient norm per block at initialization (mean "
                     "over seeds)", caption="three significant figures"))
     if finals:
         lrs = sorted({lr for _, _, lr in finals})
         rows = pd.DataFrame([{"run": f"{lay}-norm, warm-up {w}",
                               **{f"{lr:g}": finals[(lay, w, lr)] for lr in lrs}}
                              for lay in ("pre", "post") for w in (0, warmup)])
-        out.print(table(rows, {"run": ("layout, warm-up", "s"),
+        said.append(table(rows, {"run": ("layout, warm-up", "s"),
                                **{f"{lr:g}": (f"lr {lr:g}", ".3f") for lr in lrs}},
                         title="training: final loss (mean of the last 10% of steps) at each "
                         "learning rate",
@@ -198,6 +198,7 @@ def render(summary, finals, claims, warmup: int, plateau: float) -> None:
                         f"{plateau - MARGIN:.3f}; nan: diverged"))
     from blockscope.results.render import claims_table
 
-    out.print(claims_table(claims))
+    said.append(claims_table(claims))
+    return said
 
 

@@ -1,6 +1,7 @@
 """What every command writes, and under which name: CSV, JSON sidecar and pictures, each
 file named by the command, a readable stem and a digest of the run's settings. A command
-hands its results over (`write`); the command line saves them (`saved`).
+returns its results (`write` makes the Result); the command line shows and saves them
+(`saved`).
 
 Each reads the command's options (`cli.options`): the digest names their values.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from blockscope.api.result import Result, hand_over, table_name
+from blockscope.api.result import Result, table_name
 from blockscope.errors import BadValue
 
 # Options that change only how results are shown or where they go, never what is measured.
@@ -124,11 +125,13 @@ def partial_store(o):
                    bool(params.get("fresh")))
 
 
-def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> Result:
-    """Hand over the command's results (`result.hand_over`): `{suffix: DataFrame}` for
-    `<stem><suffix>-<digest>.csv`, the sidecar for `<stem>-<digest>.json`, and `extra`
-    (`{filename: a Figure, a function drawing one, or text}`). Whoever runs the command
-    saves them: the command line into --out-dir (`saved`), the Python face on request."""
+def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None,
+          shown: list | None = None) -> Result:
+    """The command's Result: `{suffix: DataFrame}` for `<stem><suffix>-<digest>.csv`, the
+    sidecar for `<stem>-<digest>.json`, `extra` (`{filename: a Figure, a function drawing
+    one, or text}`) and `shown` (what the command line prints: renderables, or (renderable,
+    print options) pairs). Whoever runs the command saves it: the command line into
+    --out-dir (`saved`), the Python face on request."""
     pictures, texts = {}, {}
     for name, content in (extra or {}).items():
         if isinstance(content, str):
@@ -136,11 +139,16 @@ def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None) -> 
         else:
             pictures[name] = content if callable(content) and not hasattr(
                 content, "savefig") else (lambda fig=content: fig)
-    result = Result(o.name, stem, settings_digest(o),
-                    {table_name(suffix): df for suffix, df in frames.items()}, meta, pictures,
-                    texts)
-    hand_over(result)
-    return result
+    return Result(o.name, stem, settings_digest(o),
+                  {table_name(suffix): df for suffix, df in frames.items()}, meta, pictures,
+                  texts, [thing if isinstance(thing, tuple) else (thing, {})
+                          for thing in shown or ()])
+
+
+def line(text: str, **options) -> tuple:
+    """A plain line for `shown`: printed literally (no highlighting), as the commands print
+    their headlines."""
+    return (text, {"highlight": False, **options})
 
 
 def saved(result: Result, out_dir: Path, quiet: bool) -> list[Path]:

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import Options, Output, group
 from blockscope.api.output import write
 
@@ -34,7 +34,7 @@ class Params(Options):
 
 
 @command
-def params(o: Params) -> None:
+def params(o: Params):
     """Where the parameters live: embeddings, attention, MLP, norms; per block and in all.
 
     Counted from the real module shapes of a model built on the meta device (no weights).
@@ -48,17 +48,16 @@ def params(o: Params) -> None:
     from blockscope.results.render import table
 
     started, names, n_heads = time.perf_counter(), list(o.short), o.n_heads
-    frames = []
+    frames, shown = [], []
     for name in names:
         df = parameter_counts(load_config(name), n_heads=n_heads)
         frames.append(df.assign(model=name))
-        if not o.out.quiet:
-            out.print(table(df, {"component": ("component", "s"), "scope": ("scope", "s"),
-                                 "parameters": ("parameters", ",d"),
-                                 "share_of_block": ("of block", ".1%"),
-                                 "share_of_model": ("of model", ".2%"),
-                                 "shortcut_error": ("shortcut error", "+.2%")},
-                            title=f"{name}{f' with {n_heads} heads' if n_heads else ''}"))
+        shown.append(table(df, {"component": ("component", "s"), "scope": ("scope", "s"),
+                                "parameters": ("parameters", ",d"),
+                                "share_of_block": ("of block", ".1%"),
+                                "share_of_model": ("of model", ".2%"),
+                                "shortcut_error": ("shortcut error", "+.2%")},
+                           title=f"{name}{f' with {n_heads} heads' if n_heads else ''}"))
     df = pd.concat(frames, ignore_index=True)
     df = df[["model", *[c for c in df.columns if c != "model"]]]
     meta = sidecar(command="params", models=names, n_heads=n_heads,
@@ -73,4 +72,4 @@ def params(o: Params) -> None:
         extra[f"{stem}.png"] = params_plot(df.assign(model=df["model"].map(o.short)),
                                            "where the parameters live: "
                                            + ", ".join(o.short.values()))
-    write(o, stem, {"": df}, meta, extra=extra)
+    return write(o, stem, {"": df}, meta, extra=extra, shown=shown)

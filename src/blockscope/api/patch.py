@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import (
     BosTokenOpt,
     Load,
@@ -59,7 +59,7 @@ class PatchOptions(Options):
 
 
 @command
-def patch(o: PatchOptions) -> None:
+def patch(o: PatchOptions):
     """Activation patching: run the corrupted prompt with one activation of the clean run
     written back, at every (layer, position) or (layer, head), and see how much of the
     clean answer comes back (0: corrupted, 1: clean).
@@ -84,8 +84,6 @@ def patch(o: PatchOptions) -> None:
         df = experiment.patch(lm, run.tokens, run.other, target=target, contrast=contrast,
                               sites=o.sites, settings=o.sweep.settings().reporting(tick))
     metric = df.attrs["metric"]
-    if not o.out.quiet:
-        render(df, run.spec.label, o.target, o.contrast)
     meta = run.meta("patch", o.prepend_bos, started, corrupted=o.corrupted,
                     corrupted_tokens=run.other[0].tolist(), target=o.target,
                     contrast=o.contrast, sites=o.sites, metric=metric,
@@ -98,10 +96,11 @@ def patch(o: PatchOptions) -> None:
 
         extra[f"{stem}.png"] = patch_plot(df, metric, f"{run.spec.label}: patching "
                                           f"{o.clean!r} into {o.corrupted!r}")
-    write(o, stem, {"": df}, meta, extra=extra)
+    return write(o, stem, {"": df}, meta, extra=extra,
+                 shown=render(df, run.spec.label, o.target, o.contrast))
 
 
-def render(df, label: str, target: str, contrast: str | None) -> None:
+def render(df, label: str, target: str, contrast: str | None) -> list:
     import pandas as pd
 
     from blockscope.inputs.text import visible
@@ -121,9 +120,9 @@ def render(df, label: str, target: str, contrast: str | None) -> None:
                                                           f"@{r.position} {visible(r.token)}")
                               for r in top.itertuples()])
     metric = df.attrs["metric"]
-    out.print(table(shown, {"where": ("site", "s"), metric: (metric, "+.3f"),
-                            "normalized": ("restored", "+.1%")},
-                    title=f"{label}: the sites whose patch moves {what} most",
-                    caption=f"clean {df.attrs['clean']:+.3f}, corrupted "
-                    f"{df.attrs['corrupted']:+.3f}; the strongest {each} of each site; layers from "
-                    "0; every site is in the CSV"))
+    return [table(shown, {"where": ("site", "s"), metric: (metric, "+.3f"),
+                          "normalized": ("restored", "+.1%")},
+                  title=f"{label}: the sites whose patch moves {what} most",
+                  caption=f"clean {df.attrs['clean']:+.3f}, corrupted "
+                  f"{df.attrs['corrupted']:+.3f}; the strongest {each} of each site; layers from "
+                  "0; every site is in the CSV")]

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, err, out, styled
+from blockscope.api.common import command, err, styled
 from blockscope.api.corpus_run import passage_command, uncertainty_record
 from blockscope.api.options import Load, Options, Output, group
 from blockscope.api.text_options import PassageOptions, Sweep, WindowOptions
@@ -52,7 +52,7 @@ class PruneBlocks(Options):
 
 
 @command
-def prune_blocks(o: PruneBlocks) -> None:
+def prune_blocks(o: PruneBlocks):
     """Remove blocks cumulatively (each one's output := its input) and report perplexity
     after every step, per order, with the most blocks that can go within a tolerance.
 
@@ -70,16 +70,13 @@ def prune_blocks(o: PruneBlocks) -> None:
             run.model, run.docs, orders=o.orders, max_removed=top,
             settings=c.settings.reporting(tick))
     if not c.writes:
-        return
+        return None
     import pandas as pd
 
     curve = pd.concat(curves, ignore_index=True)
     found = experiment.headline(curves, o.tolerance, n_layers)
-    if c.show:
-        for one in curves:
-            out.print(curve_table(one, c.title))
-        for h in found.values():
-            out.print(styled(h["sentence"], "bold"), highlight=False)
+    said = [curve_table(one, c.title) for one in curves]
+    said += [(styled(h["sentence"], "bold"), {"highlight": False}) for h in found.values()]
 
     def plot():
         from blockscope.results.plots import prune_blocks_plot
@@ -87,12 +84,12 @@ def prune_blocks(o: PruneBlocks) -> None:
         return prune_blocks_plot(curve, n_layers=n_layers, tolerance=o.tolerance,
                                  title=f"{c.title}: blocks removed together")
 
-    c.finish({"": curve}, n_scored=curve.loc[0, "n_scored"], ran=tuple(curves), plot=plot,
-             orders=o.orders, tolerance=o.tolerance, max_removed=top, seed=o.seed,
-             removal="each removed block's output := its input", **experiment.MEANINGS,
-             block_metrics=metrics, uncertainty=uncertainty_record(curves[0]),
-             headline={k: {f: v for f, v in h.items() if f != "sentence"}
-                       for k, h in found.items()})
+    return c.finish(
+        {"": curve}, n_scored=curve.loc[0, "n_scored"], ran=tuple(curves), plot=plot,
+        shown=said, orders=o.orders, tolerance=o.tolerance, max_removed=top, seed=o.seed,
+        removal="each removed block's output := its input", **experiment.MEANINGS,
+        block_metrics=metrics, uncertainty=uncertainty_record(curves[0]),
+        headline={k: {f: v for f, v in h.items() if f != "sentence"} for k, h in found.items()})
 
 
 def curve_table(c, title: str):

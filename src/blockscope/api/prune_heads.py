@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, err, out, status, styled
+from blockscope.api.common import command, err, status, styled
 from blockscope.api.corpus_run import passage_command, stability_line, uncertainty_record
 from blockscope.api.options import Load, Options, Output, comma_list, group
 from blockscope.api.text_options import (
@@ -81,7 +81,7 @@ class PruneHeads(Options):
 
 
 @command
-def prune_heads(o: PruneHeads) -> None:
+def prune_heads(o: PruneHeads):
     """Which heads matter, and how many can go with perplexity within a tolerance.
 
     Single-head ablation, Michel et al.'s gradient importance, a pruning curve and one head
@@ -94,7 +94,7 @@ def prune_heads(o: PruneHeads) -> None:
     run = c.run
     ablation, importance, normalised, curves, one = sweeps(o, run, c.settings, c.show)
     if not c.writes:
-        return
+        return None
     import pandas as pd
 
     cfg, spec = run.model.cfg, run.spec
@@ -102,10 +102,9 @@ def prune_heads(o: PruneHeads) -> None:
     curve = pd.concat(curves, ignore_index=True)
     headline = pruning.headline(curves, o.tolerance, cfg.n_layers * cfg.n_heads)
     uncertainty = uncertainty_record(ablation)
-    if c.show:
-        render(per_head, curves, one, [h["sentence"] for h in headline.values()], spec.label,
-               cfg)
-        out.print(stability_line(uncertainty, "head rankings"), highlight=False)
+    said = render(per_head, curves, one, [h["sentence"] for h in headline.values()],
+                  spec.label, cfg)
+    said.append((stability_line(uncertainty, "head rankings"), {"highlight": False}))
 
     def plot():
         from blockscope.results.plots import prune_heads_plot
@@ -114,14 +113,15 @@ def prune_heads(o: PruneHeads) -> None:
                                 tolerance=o.tolerance,
                                 title=f"{spec.label} on {run.name}: which heads matter")
 
-    c.finish({"": per_head, "-curve": curve, "-one-head": one},
-             n_scored=curve.loc[0, "n_scored"], ran=(ablation, *curves, one),
-             suffix="" if o.method is Method.zero else f"-{o.method.value}", plot=plot,
-             method=o.method.value, orders=o.orders, step=o.step, tolerance=o.tolerance,
-             seed=o.seed, layers=o.layer_ids, heads=o.head_ids, **experiment.MEANINGS,
-             uncertainty=uncertainty, **resample_record(o.method, ablation),
-             headline={k: {f: v for f, v in h.items() if f != "sentence"}
-                       for k, h in headline.items()})
+    return c.finish(
+        {"": per_head, "-curve": curve, "-one-head": one},
+        n_scored=curve.loc[0, "n_scored"], ran=(ablation, *curves, one),
+        suffix="" if o.method is Method.zero else f"-{o.method.value}", plot=plot, shown=said,
+        method=o.method.value, orders=o.orders, step=o.step, tolerance=o.tolerance,
+        seed=o.seed, layers=o.layer_ids, heads=o.head_ids, **experiment.MEANINGS,
+        uncertainty=uncertainty, **resample_record(o.method, ablation),
+        headline={k: {f: v for f, v in h.items() if f != "sentence"}
+                  for k, h in headline.items()})
 
 
 def sweeps(o: PruneHeads, run, settings, show: bool):
@@ -157,26 +157,28 @@ def sweeps(o: PruneHeads, run, settings, show: bool):
     return ablation, importance, normalised, curves, one
 
 
-def render(per_head, curves, one, sentences, name: str, cfg) -> None:
+def render(per_head, curves, one, sentences, name: str, cfg) -> list:
     import torch
 
     from blockscope.results.render import heat_grid, table
 
+    said = []
     grid = torch.full((cfg.n_layers, cfg.n_heads), float("nan"))
     for r in per_head.itertuples():
         grid[r.layer, r.head] = r.ratio - 1
-    out.print(heat_grid(grid, title=f"{name}: perplexity change with one head removed"))
+    said.append(heat_grid(grid, title=f"{name}: perplexity change with one head removed"))
     for c in curves:
         c = c.assign(step=[f"{s}" + (" (1 by 1)" if r else "")
                            for s, r in zip(c["step"], c["refined"], strict=True)])
-        out.print(table(c, {"step": ("step", "s"), "heads_removed": ("heads removed", "d"),
+        said.append(table(c, {"step": ("step", "s"), "heads_removed": ("heads removed", "d"),
                             "share_removed": ("share", ".0%"), "perplexity": ("perplexity", ",.2f"),
                             "ratio": ("x baseline", ".3f"), "kl": ("KL", ".4f")},
                         title=f"pruning curve, {c.loc[0, 'order']} order"))
     one = one.assign(layer=[("baseline" if v != v or v is None else str(v))
                             for v in one["layer"].astype(object).fillna(float("nan"))])
-    out.print(table(one, {"layer": ("layer", "s"), "kept_head": ("kept head", "s"),
+    said.append(table(one, {"layer": ("layer", "s"), "kept_head": ("kept head", "s"),
                           "perplexity": ("perplexity", ",.2f"), "ratio": ("x baseline", ".3f")},
                     title="each layer alone down to its most important head"))
     for s in sentences:
-        out.print(styled(s, "bold"), highlight=False)
+        said.append((styled(s, "bold"), {"highlight": False}))
+    return said

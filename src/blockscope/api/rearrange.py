@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, err, out
+from blockscope.api.common import command, err
 from blockscope.api.corpus_run import passage_command, uncertainty_record
 from blockscope.api.options import Load, Options, Output, group
 from blockscope.api.text_options import PassageOptions, Sweep, WindowOptions
@@ -64,7 +64,7 @@ class RearrangeOptions(Options):
 
 
 @command
-def rearrange(o: RearrangeOptions) -> None:
+def rearrange(o: RearrangeOptions):
     """Run blocks in another arrangement (swapped, reversed, repeated, or side by side) and
     report perplexity and the KL divergence from the clean model, one row per arrangement.
 
@@ -80,9 +80,7 @@ def rearrange(o: RearrangeOptions) -> None:
         df = experiment.rearranged(
             run.model, run.docs, arrangements, settings=c.settings.reporting(tick))
     if not c.writes:
-        return
-    if not o.out.quiet:
-        out.print(arrangement_table(df, c.title))
+        return None
 
     def plot():
         from blockscope.results.plots import ablation_plot
@@ -91,9 +89,10 @@ def rearrange(o: RearrangeOptions) -> None:
                              labels=list(df["arrangement"].iloc[1:]),
                              xlabel="arrangement (blocks count from 0)")
 
-    c.finish({"": df}, n_scored=df.loc[0, "n_scored"], plot=plot,
-             arrangements=[a.name for a in arrangements], **experiment.MEANINGS,
-             uncertainty=uncertainty_record(df))
+    return c.finish({"": df}, n_scored=df.loc[0, "n_scored"], plot=plot,
+                    shown=[arrangement_table(df, c.title)],
+                    arrangements=[a.name for a in arrangements], **experiment.MEANINGS,
+                    uncertainty=uncertainty_record(df))
 
 
 def arrangement_table(df, title: str):

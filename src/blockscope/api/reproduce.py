@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, err, load, model_record, out, status, styled
+from blockscope.api.common import command, err, load, model_record, status, styled
 from blockscope.api.options import (
     DeviceOpt,
     Dtype,
@@ -53,7 +53,7 @@ class Reproduce(Options):
 
 
 @command
-def reproduce(o: Reproduce) -> None:
+def reproduce(o: Reproduce):
     """Rerun the article's experiments with its settings and set each figure beside ours.
 
     Without the model's weights (no hub), what needs none is still measured and the rest is
@@ -89,10 +89,8 @@ def reproduce(o: Reproduce) -> None:
                       + sections.roles_section(settings, r.roles, spec.name)
                       + mlp_section(settings, r.mlp_claims, spec.name)
                       + sections.norm_section(settings, r.norm_claims))
-    if not o.out.quiet:
-        notes(spec, article_model, other)
-        render(r.table, r.best, r.headline, other)
-        render_sections(r)
+    said = [*notes(spec, article_model, other), *render(r.table, r.best, r.headline, other),
+            *render_sections(r)]
     records = lambda df: None if df is None else df.to_dict(orient="records")  # noqa: E731
     meta = sidecar(command="reproduce", model=model_record(spec, lm), reference=str(reference),
                    article_model=article_model, other_model=bool(other),
@@ -101,7 +99,8 @@ def reproduce(o: Reproduce) -> None:
                    settings=settings, norm_placement=records(r.norm_claims),
                    head_roles=records(r.roles), mlp=records(r.mlp_claims),
                    wall_time_s=round(time.perf_counter() - started, 3))
-    write(o, stem, {"": r.table}, meta, extra={f"{stem}.md": report, **pictures})
+    return write(o, stem, {"": r.table}, meta, extra={f"{stem}.md": report, **pictures},
+                 shown=said)
 
 
 def model_spec(o: Reproduce, settings: dict):
@@ -149,44 +148,48 @@ def processed_model(o: Reproduce, name: str):
                       allow_pickle=o.allow_pickle)
 
 
-def notes(spec, article_model: str, other: str | None) -> None:
+def notes(spec, article_model: str, other: str | None) -> list:
     """Why the figures may differ from the article's by design."""
     from blockscope.model.fetch import provenance
 
+    said = []
     name = spec.name
     if spec.is_local and (provenance(spec.source) or {}).get("random_weights"):
-        out.print(styled("note: ", "yellow", f"{name} has random weights (blockscope "
-                         "toy-model): every figure of its weights differs from the article's "
-                         "by design; only the shapes, counts and layer norm can match"),
-                  highlight=False, soft_wrap=True)
+        said.append((styled("note: ", "yellow", f"{name} has random weights (blockscope "
+                            "toy-model): every figure of its weights differs from the "
+                            "article's by design; only the shapes, counts and layer norm can "
+                            "match"), {"highlight": False, "soft_wrap": True}))
     if other:
-        out.print(styled("note: ", "yellow", f"measured on {name}, not the article's "
-                         f"{article_model}: the figures of its weights are its own, set beside "
-                         "the article's without a difference; the article's claims are "
-                         "compared below"), highlight=False, soft_wrap=True)
+        said.append((styled("note: ", "yellow", f"measured on {name}, not the article's "
+                            f"{article_model}: the figures of its weights are its own, set "
+                            "beside the article's without a difference; the article's claims "
+                            "are compared below"), {"highlight": False, "soft_wrap": True}))
+    return said
 
 
-def render_sections(r) -> None:
+def render_sections(r) -> list:
     """The claims, head roles and norm-placement tables after the figures."""
     from blockscope.results.render import claims_table
     from blockscope.results.render import table as rich_table
 
+    said = []
     if r.model_claims is not None and len(r.model_claims):
         shown = r.model_claims.assign(shown=r.model_claims["shown"].map(
             {True: "yes", False: "NOT shown"}))
-        out.print(rich_table(shown, {c: (h, "s") for c, h in
+        said.append(rich_table(shown, {c: (h, "s") for c, h in
                                      r.model_claims.attrs["headers"].items()},
                              title="the article's claims"))
     if r.roles is not None:
-        out.print(rich_table(r.roles, {"role": ("role", "s"), "head": ("head", "s"),
+        said.append(rich_table(r.roles, {"role": ("role", "s"), "head": ("head", "s"),
                                        "score": ("score", ".3f"), "rank": ("rank", ".0f"),
                                        "status": ("status", "s")},
                              title=r.roles.attrs.get(
                                  "title", "known head roles (references) in this model")))
     if r.mlp_claims is not None:
-        out.print(claims_table(r.mlp_claims, "the MLP section's claims, measured here"))
+        said.append(claims_table(r.mlp_claims, "the MLP section's claims, measured here"))
     if r.norm_claims is not None:
-        out.print(claims_table(r.norm_claims))
+        said.append(claims_table(r.norm_claims))
+    return said
 
 
 def plots(frames: dict, name: str, stem: str) -> dict:
@@ -228,9 +231,10 @@ def settings_prompt(frames: dict) -> str:
     return str(df["prompt"].iloc[0]) if "prompt" in df else ""
 
 
-def render(table, best, headline, other=None) -> None:
+def render(table, best, headline, other=None) -> list:
     from blockscope.results.render import table as rich_table
 
+    said = []
     styles = {i: ("green" if s == "matches" else "red" if s == "differs" else "dim")
               for i, s in enumerate(table["status"])}
     for experiment, rows in table.groupby("experiment", sort=False):
@@ -242,14 +246,15 @@ def render(table, best, headline, other=None) -> None:
                    "difference_text": ("difference", "s"), "status": ("status", "s")}
         if not rows["variant"].astype(bool).any():
             del columns["variant"]
-        out.print(rich_table(rows, columns,
+        said.append(rich_table(rows, columns,
                              title=experiment,
                              styles={i: styles[j] for i, j in enumerate(
                                  table.index[table["experiment"] == experiment])}))
     if best:
-        out.print(best_sentence(best), highlight=False)
+        said.append((best_sentence(best), {"highlight": False}))
     if headline:
-        out.print(styled("prune-heads: ", "bold", headline), highlight=False)
+        said.append((styled("prune-heads: ", "bold", headline), {"highlight": False}))
     for cmd in dict.fromkeys(table[table["status"] == "needs the model"]["command"]):
         if cmd:
-            out.print(f"to measure: {cmd}", highlight=False, soft_wrap=True)
+            said.append((f"to measure: {cmd}", {"highlight": False, "soft_wrap": True}))
+    return said

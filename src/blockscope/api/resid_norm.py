@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, flag, group
 from blockscope.api.output import write
 from blockscope.api.prompts import prompt_run
@@ -71,7 +71,7 @@ class ResidNorm(Options):
 
 
 @command
-def resid_norm(o: ResidNorm) -> None:
+def resid_norm(o: ResidNorm):
     """Length of the residual stream after the embeddings and after every half-block: at
     a prompt's tokens, or its distribution over a corpus (--dataset).
 
@@ -92,8 +92,7 @@ def resid_norm(o: ResidNorm) -> None:
     no_mid = (None if lay.has_mid else f"{lay.family} blocks run attention and MLP in "
               "parallel: the stream has no point between them, so only block outputs are shown")
     label = f"{run.spec.label}, {o.weights()} weights, {'with' if o.prepend_bos else 'no'} BOS"
-    if not o.out.quiet:
-        render_norms(df, f"{label}: residual stream norm", no_mid, run.model.cfg.n_layers)
+    said = render_norms(df, f"{label}: residual stream norm", no_mid, run.model.cfg.n_layers)
     meta = run.meta("resid-norm", o.prepend_bos, started, positions=positions,
                     family=lay.family, mid_points=no_mid or "after each block's attention half "
                     "(hook_resid_mid)")
@@ -105,28 +104,29 @@ def resid_norm(o: ResidNorm) -> None:
         extra[f"{stem}.png"] = resid_norm_plot(
             df, f"{run.spec.label} on {run.shown()!r}: residual stream norm "
             f"({'BOS' if o.prepend_bos else 'no BOS'}, {o.weights()} weights)")
-    write(o, stem, {"": df}, meta, extra=extra)
+    return write(o, stem, {"": df}, meta, extra=extra, shown=said)
 
 
-def render_norms(df, title: str, no_mid: str | None, n_layers: int) -> None:
+def render_norms(df, title: str, no_mid: str | None, n_layers: int) -> list:
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
     shown = df.assign(token=df["token"].map(visible))
-    out.print(table(shown, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
-                            "position": ("pos", "d"), "token": ("token", "s"),
-                            "norm": ("L2 norm", ",.1f"),
-                            "ratio_to_embed": ("x embeddings", ".1f")}, title=title))
+    said = [table(shown, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
+                          "position": ("pos", "d"), "token": ("token", "s"),
+                          "norm": ("L2 norm", ",.1f"),
+                          "ratio_to_embed": ("x embeddings", ".1f")}, title=title)]
     if no_mid:
-        out.print(no_mid, highlight=False)
+        said.append((no_mid, {"highlight": False}))
     last = df[df["position"] == df["position"].max()]
-    out.print(f"growth: after block {n_layers - 1} (the last) the norm is "
-              f"{last['ratio_to_embed'].iloc[-1]:,.1f} times the embeddings' "
-              f"({last['norm'].iloc[0]:,.1f} -> {last['norm'].iloc[-1]:,.1f}, position "
-              f"{int(last['position'].iloc[0])})", highlight=False)
+    said.append((f"growth: after block {n_layers - 1} (the last) the norm is "
+                 f"{last['ratio_to_embed'].iloc[-1]:,.1f} times the embeddings' "
+                 f"({last['norm'].iloc[0]:,.1f} -> {last['norm'].iloc[-1]:,.1f}, position "
+                 f"{int(last['position'].iloc[0])})", {"highlight": False}))
+    return said
 
 
-def corpus_norms(o: ResidNorm, started: float) -> None:
+def corpus_norms(o: ResidNorm, started: float):
     """resid-norm --dataset: the norm's distribution over every token of the corpus."""
     from blockscope.api.corpus_run import corpus_run
     from blockscope.experiments.resid_norm import norm_distribution
@@ -138,16 +138,15 @@ def corpus_norms(o: ResidNorm, started: float) -> None:
                      bos_token=o.bos_token)
     df = norm_distribution(run.model, run.docs)
     if not run.comm.writes:
-        return
+        return None
     spec, lay = run.spec, layout(run.model)
-    if not o.out.quiet:
-        out.print(table(df, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
-                             "p10": ("p10", ",.1f"), "median": ("median", ",.1f"),
-                             "p90": ("p90", ",.1f"), "median_ratio_to_embed":
-                             ("median / embeddings", ".1f")},
-                        title=f"{spec.label}, {o.weights()} weights: residual stream norm over "
-                        f"{int(df.loc[0, 'n_tokens']):,} tokens of {run.name} (each document's "
-                        "first position left out)"))
+    said = table(df, {"after": ("after", "s"), "layer": ("layer (0-based)", "s"),
+                      "p10": ("p10", ",.1f"), "median": ("median", ",.1f"),
+                      "p90": ("p90", ",.1f"), "median_ratio_to_embed":
+                      ("median / embeddings", ".1f")},
+                 title=f"{spec.label}, {o.weights()} weights: residual stream norm over "
+                 f"{int(df.loc[0, 'n_tokens']):,} tokens of {run.name} (each document's "
+                 "first position left out)")
     meta = run.meta("resid-norm", family=lay.family, statistic="median, 10th and 90th "
                     "percentile (numpy linear interpolation) and mean of the L2 norm over every "
                     "token but each document's first", n_measured=int(df.loc[0, "n_tokens"]),
@@ -162,4 +161,4 @@ def corpus_norms(o: ResidNorm, started: float) -> None:
         extra[f"{stem}.png"] = resid_norm_band_plot(
             df, f"{spec.label} on {run.name}: residual stream norm, median and 10-90th "
             "percentile over tokens")
-    write(o, stem, {"": df}, meta, extra=extra)
+    return write(o, stem, {"": df}, meta, extra=extra, shown=[said])

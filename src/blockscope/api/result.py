@@ -1,21 +1,14 @@
-"""What a command gives back: its tables, its sidecar and its pictures, and how to save them
-as the command line does (`Result`); and how a command's run hands them over
-(`collecting`, `hand_over`)."""
+"""What a command gives back: its tables, its sidecar, its pictures and what the command
+line shows of them, and how to save them as the command line does (`Result`)."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import html
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-
-_COLLECTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("collected",
-                                                                          default=None)
-
 
 MAIN = "main"  # the main table's name in `Result.tables`
 
@@ -38,6 +31,8 @@ class Result:
             name adds after the stem ("per-fact" for `<stem>-per-fact-<digest>.csv`).
         meta: The JSON sidecar: the settings, the model, how the sweep ran, the versions.
         pictures: Each picture's file name (digest not yet added) and a function drawing it.
+        shown: What the command line prints of them, in order: (a Rich renderable or a
+            string, the console's print options) pairs; `show()` prints them.
     """
 
     command: str
@@ -47,6 +42,7 @@ class Result:
     meta: dict
     pictures: dict[str, Callable] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # other files (name: content)
+    shown: list[tuple] = field(default_factory=list, repr=False)
     _drawn: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -87,6 +83,16 @@ class Result:
 
         return write_outputs(Path(out_dir).expanduser(), self.files())
 
+    def show(self, console=None) -> None:
+        """Print what the command line prints of these results (its tables and lines) on
+        `console` (a Rich Console; default: a new one on stdout)."""
+        if console is None:
+            from rich.console import Console
+
+            console = Console()
+        for thing, options in self.shown:
+            console.print(thing, **options)
+
     @property
     def headline(self) -> str:
         """The one line the command prints under its table, where it prints one."""
@@ -101,24 +107,6 @@ class Result:
         shape = "x".join(str(n) for n in self.table.shape)
         return (f"Result(command={self.command!r}, stem={self.stem!r}, table={shape}, "
                 f"pictures={list(self.pictures)})")
-
-
-@contextlib.contextmanager
-def collecting() -> Iterator[list[Result]]:
-    """Gather the Results the commands run inside hand over."""
-    token = _COLLECTED.set([])
-    try:
-        yield _COLLECTED.get()
-    finally:
-        _COLLECTED.reset(token)
-
-
-def hand_over(result: Result) -> None:
-    """Give a command's Result to whoever is collecting (`collecting`)."""
-    found = _COLLECTED.get()
-    if found is None:
-        raise RuntimeError("a command's results were handed over with no one collecting")
-    found.append(result)
 
 
 def digested(name: str, digest: str) -> str:

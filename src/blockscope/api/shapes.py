@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.options import BosTokenOpt, Load, Options, Written, flag, group
 from blockscope.api.output import write
 from blockscope.api.prompts import prompt_run
@@ -42,7 +42,7 @@ class Shapes(Options):
 
 
 @command
-def shapes(o: Shapes) -> None:
+def shapes(o: Shapes):
     """The shape of every tensor through one block, read from a real forward pass.
 
     Example: blockscope shapes "The capital of France is" --block 0
@@ -54,16 +54,15 @@ def shapes(o: Shapes) -> None:
     run = prompt_run(o.prompt, o.load, prepend_bos=o.prepend_bos, quiet=o.out.quiet,
                      bos_token=o.bos_token, check=o.check_all_sizes)
     df = block_shapes(run.model, run.tokens, block=o.block)
-    if not o.out.quiet:
-        shown = df.assign(  # a shape is one label, never wrapped; a mismatch says the expected
-            matches=df["matches"].map({True: "yes", False: "NO"}),
-            shape=[r.shape.replace(" x ", "\u00d7") + ("" if r.matches else
-                                                       f" (expected {r.expected})")
-                   for r in df.itertuples()])
-        out.print(table(shown, {"tensor": ("tensor", "s"), "shape": ("shape", "s"),
-                                "dims": ("axes", "s"), "matches": ("as config", "s"),
-                                "note": ("what it is", "s")},
-                        title=f"{run.spec.label}, block {o.block}: {run.tokens.shape[-1]} "
-                        "tokens (batch of 1 not shown)"))
+    shown = df.assign(  # a shape is one label, never wrapped; a mismatch says the expected
+        matches=df["matches"].map({True: "yes", False: "NO"}),
+        shape=[r.shape.replace(" x ", "\u00d7") + ("" if r.matches else
+                                                   f" (expected {r.expected})")
+               for r in df.itertuples()])
+    shown = table(shown, {"tensor": ("tensor", "s"), "shape": ("shape", "s"),
+                          "dims": ("axes", "s"), "matches": ("as config", "s"),
+                          "note": ("what it is", "s")},
+                  title=f"{run.spec.label}, block {o.block}: {run.tokens.shape[-1]} "
+                  "tokens (batch of 1 not shown)")
     meta = run.meta("shapes", o.prepend_bos, started, block=o.block)
-    write(o, f"shapes-{run.spec.slug}-block{o.block}", {"": df}, meta)
+    return write(o, f"shapes-{run.spec.slug}-block{o.block}", {"": df}, meta, shown=[shown])

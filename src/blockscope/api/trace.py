@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command, out
+from blockscope.api.common import command
 from blockscope.api.facts import (
     AllFactsOpt,
     FactsOpt,
@@ -111,7 +111,7 @@ class Trace(Options):
 
 
 @command
-def trace(o: Trace) -> None:
+def trace(o: Trace):
     """Causal tracing: noise the subject's embeddings, then restore one clean state at a
     time, and see where P(target) comes back (Meng et al. 2022, ROME).
 
@@ -134,8 +134,7 @@ def trace(o: Trace) -> None:
                               sever=o.sever,
                               settings=o.sweep.settings(seed=o.seed).reporting(tick))
     a = df.attrs
-    if not o.out.quiet:
-        render(df, run.spec.label, word)
+    said = render(df, run.spec.label, word)
     meta = run.meta("trace", o.prepend_bos, started, subject=o.subject, subject_tokens=a["subject"],
                     target=word, target_id=target, p_clean=a["p_clean"],
                     p_corrupted=a["p_corrupted"], noise_scale=a["noise_scale"],
@@ -151,10 +150,10 @@ def trace(o: Trace) -> None:
 
         extra[f"{stem}.png"] = trace_plot(df, span, f"{run.spec.label}: restoring states "
                                           f"after noising {o.subject!r}", word)
-    write(o, stem, {"": df}, meta, extra=extra)
+    return write(o, stem, {"": df}, meta, extra=extra, shown=said)
 
 
-def trace_facts(o: Trace, started: float) -> None:
+def trace_facts(o: Trace, started: float):
     from blockscope.experiments import trace as experiment
 
     noise = {}  # the std, once over every fact kept (ROME's rule: all the subjects)
@@ -173,10 +172,8 @@ def trace_facts(o: Trace, started: float) -> None:
     done = many_facts(o, "tracing", one, ["kind", "layer", "category"], "indirect_effect",
                       started, before)
     if done is None:
-        return
+        return None
     spec, lm, per_fact, avg, record = done
-    if not o.out.quiet:
-        render_facts(avg, spec.label, record["n_used"])
     from blockscope.api.common import model_record
     from blockscope.results.files import sidecar
 
@@ -194,10 +191,12 @@ def trace_facts(o: Trace, started: float) -> None:
 
         extra[f"{stem}.png"] = facts_trace_plot(avg, f"{spec.label}: average indirect effect "
                                                 f"over {record['n_used']} facts")
-    write(o, stem, {"": avg, "-per-fact": per_fact}, meta, extra=extra)
+    return write(o, stem, {"": avg, "-per-fact": per_fact}, meta, extra=extra,
+                 shown=render_facts(avg, spec.label, record["n_used"]))
 
 
-def render_facts(avg, label: str, n: int) -> None:
+def render_facts(avg, label: str, n: int) -> list:
+    said = []
     from blockscope.results.render import table
 
     rows = []
@@ -213,24 +212,27 @@ def render_facts(avg, label: str, n: int) -> None:
 
     shown = pd.DataFrame(rows)
     shown["ci"] = [f"{a:+.3f}..{b:+.3f}" for a, b in zip(shown["lo"], shown["hi"], strict=True)]
-    out.print(table(shown, {"kind": ("restored", "s"), "category": ("at", "s"),
+    said.append(table(shown, {"kind": ("restored", "s"), "category": ("at", "s"),
                             "layer": ("peak layer", "d"), "ie": ("mean effect", "+.3f"),
                             "ci": ("95% interval", "s")},
                     title=f"{label}: average indirect effect over {n} facts",
                     caption="layers from 0; every (kind, layer, position category) is in "
                     "the CSV, each fact's cells in -per-fact"))
+    return said
 
 
-def render(df, label: str, word: str) -> None:
+def render(df, label: str, word: str) -> list:
+    said = []
     from blockscope.inputs.text import visible
     from blockscope.results.render import table
 
     best = df.loc[df.groupby("kind", sort=False)["indirect_effect"].idxmax()]
     shown = best.assign(where=[f"L{r.layer} @{r.position} {visible(r.token)}"
                                for r in best.itertuples()])
-    out.print(table(shown, {"kind": ("restored", "s"), "where": ("strongest at", "s"),
+    said.append(table(shown, {"kind": ("restored", "s"), "where": ("strongest at", "s"),
                             "p_target": (f"P({visible(word)})", ".4f"),
                             "indirect_effect": ("indirect effect", "+.4f")},
                     title=f"{label}: where restoring a clean state brings {visible(word)} back",
                     caption=f"clean P {df.attrs['p_clean']:.4f}, corrupted "
                     f"{df.attrs['p_corrupted']:.4f}; layers from 0; every cell is in the CSV"))
+    return said

@@ -1,5 +1,5 @@
 """The Typer app: every command of `blockscope.api` on it, run with bad input said in one
-line, and the results each hands over saved under --out-dir."""
+line, and the Result each returns shown and saved under --out-dir."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from blockscope.api import output
 from blockscope.api.common import COMMANDS, DISTRIBUTED
 from blockscope.api.console import err, out, styled
 from blockscope.api.options import flag
-from blockscope.api.result import collecting
 from blockscope.cli import help as help_text
 from blockscope.errors import BlockscopeError
 
@@ -91,12 +90,13 @@ def run(fn, cls, values: dict):
         partial = output.partial_store(o)
         if partial is not None:
             o.out.partial = partial  # units finished are kept; a rerun resumes from them
-        with collecting() as results:
-            fn(o)
-        for r in results:  # the command's results, saved where --out-dir says
+        result = fn(o)
+        if result is not None:  # the command's results: shown, then saved in --out-dir
+            if not o.out.quiet:
+                result.show(out)
             if partial is not None and partial.passes:
-                r.meta["partial"] = partial.record()
-            output.saved(r, Path(o.out.out_dir).expanduser(), o.out.quiet)
+                result.meta["partial"] = partial.record()
+            output.saved(result, Path(o.out.out_dir).expanduser(), o.out.quiet)
         if partial is not None and rank == 0:
             partial.discard()
     except BlockscopeError as exc:
