@@ -1,12 +1,11 @@
-"""What every command shares: how a command is registered, the held model, loading."""
+"""What every command shares: how a command is registered, and loading (or the model the
+caller holds)."""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import typing
-from collections.abc import Iterator
 
 from blockscope.api.console import err, out, styled  # noqa: F401  (the commands' consoles)
 
@@ -84,24 +83,9 @@ def sizes_of(model) -> dict:
             "d_vocab": cfg.d_vocab, "d_mlp": cfg.d_mlp}
 
 
-_HELD: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("held", default=None)
-
-
-@contextlib.contextmanager
-def holding(model, spec) -> Iterator[None]:
-    """Run the commands inside on `model` (a TransformerBridge the caller holds, described
-    by `spec`) instead of loading what their options name."""
-    token = _HELD.set((model, spec))
-    try:
-        yield
-    finally:
-        _HELD.reset(token)
-
-
-def model_spec(name: str | None, **options):
-    """What `model` names, resolved (`loading.spec_for`); the held model's own spec inside
-    `holding` (with these options' BOS token)."""
-    held = _HELD.get()
+def model_spec(name: str | None, held: tuple | None = None, **options):
+    """What `model` names, resolved (`loading.spec_for`); the `held` model's own spec (with
+    these options' BOS token) where the caller holds one (`options.Load.held`)."""
     if held is not None:
         return dataclasses.replace(held[1], bos_token=options.get("bos_token"))
     from blockscope.model.loading import spec_for
@@ -109,12 +93,11 @@ def model_spec(name: str | None, **options):
     return spec_for(name, **options)
 
 
-def checked_load(spec, allow_pickle: bool, quiet: bool, check=None):
+def checked_load(spec, allow_pickle: bool, quiet: bool, check=None, held: tuple | None = None):
     """Load the model; `check(sizes)` (which raises BlockscopeError on a bad option) runs
     first on the config alone where one is at hand without loading, then on the model.
-    Inside `holding`, the held model instead (checked the same way), its BOS chosen as
-    `spec` says."""
-    held = _HELD.get()
+    With `held` (the caller's (model, spec): `options.Load.held`), that model instead,
+    checked the same way, its BOS chosen as `spec` says."""
     if held is not None:
         from blockscope.inputs.text import choose_bos
 

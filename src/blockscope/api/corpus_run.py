@@ -112,11 +112,11 @@ def corpus_run(source, load, *, quiet: bool, check=None, stride: int | None = No
 
 
     passage = read_passage(source.text) if source.text is not None else None
-    spec = model_spec(load.model, device=parallel.local_device(load.device),
-                    dtype=load.dtype.value, processed=processed, bos_token=bos_token)
+    spec = model_spec(load.model, load.held, device=parallel.local_device(load.device),
+                      dtype=load.dtype.value, processed=processed, bos_token=bos_token)
     comm = parallel.from_env(spec.device)
     quiet = quiet or not comm.writes
-    lm = checked_load(spec, load.allow_pickle, quiet, check)
+    lm = checked_load(spec, load.allow_pickle, quiet, check, load.held)
     if passage is not None:
         docs = passage_docs(passage, lm.tokenizer, source, comm)
     else:

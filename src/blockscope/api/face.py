@@ -19,7 +19,7 @@ import types
 import typing
 from pathlib import Path
 
-from blockscope.api.common import COMMANDS, holding
+from blockscope.api.common import COMMANDS
 from blockscope.api.console import err, out
 from blockscope.api.options import Options, build, parameters
 from blockscope.api.output import OUTPUT_ONLY
@@ -137,8 +137,9 @@ def face(name: str):
                             f" {missing[0]!r}")
         o = build(cls, {n: values.get(n) for n, _, _ in parameters(cls)})
         o.check_all()
-        with _silent(), _reporting(progress), (
-                holding(*held) if held else contextlib.nullcontext()):
+        if held:
+            o.load.held = held  # run on the caller's model, not what `model` names
+        with _silent(), _reporting(progress):
             result = fn(o)
         if result is None:
             raise BlockscopeError(f"{name} gave no results")

@@ -190,6 +190,9 @@ class Load(Options):
     device: DeviceOpt = "auto"
     dtype: DtypeOpt = Dtype.float32
     allow_pickle: PickleOpt = False
+    # not an option: a model the caller holds, (TransformerBridge, ModelSpec), run instead
+    # of loading what `model` names (the Python face's `bs.ablate(model)`); None: load it
+    held = None
 
 
 @dataclass

@@ -99,12 +99,12 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
 
 
     text, source = prompt.read()
-    spec = model_spec(load.model, device=load.device, dtype=load.dtype.value,
-                    processed=processed, bos_token=bos_token)
+    spec = model_spec(load.model, load.held, device=load.device, dtype=load.dtype.value,
+                      processed=processed, bos_token=bos_token)
     early = early_tokens(spec, text, prepend_bos, check_text)
     if early is not None and check_length is not None:
         check_length(early.shape[-1])
-    lm = checked_load(spec, load.allow_pickle, quiet, check)
+    lm = checked_load(spec, load.allow_pickle, quiet, check, load.held)
     tokens = tokenize(lm.tokenizer, text, prepend_bos=prepend_bos)
     check_context(tokens, lm)
     if check_length is not None:
@@ -132,12 +132,13 @@ def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, 
 
     if not clean.strip() or not corrupted.strip():
         raise BlockscopeError("the clean and the corrupted prompt must not be empty")
-    spec = model_spec(load.model, device=load.device, dtype=load.dtype.value, bos_token=bos_token)
+    spec = model_spec(load.model, load.held, device=load.device, dtype=load.dtype.value,
+                      bos_token=bos_token)
     early = [early_tokens(spec, t, prepend_bos, c) for t, c in ((clean, check_text),
                                                                 (corrupted, None))]
     if None not in early:
         check_lengths(early[0].shape[-1], early[1].shape[-1])
-    lm = checked_load(spec, load.allow_pickle, quiet)
+    lm = checked_load(spec, load.allow_pickle, quiet, held=load.held)
     a, b = (tokenize(lm.tokenizer, t, prepend_bos=prepend_bos) for t in (clean, corrupted))
     check_lengths(a.shape[-1], b.shape[-1])
     if check_text is not None:
