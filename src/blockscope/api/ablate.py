@@ -82,7 +82,8 @@ def ablate(o: Ablate):
     if o.decompose:
         return decomposed(o, c)
     swept = time.perf_counter()
-    with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean, c.show) as step:
+    with progress_bar(err, run.model.cfg.n_layers + 1, REMOVED[part] + mean, c.show,
+                      o.out.reporter) as step:
         df = experiment.block_ablation(
             run.model, run.docs, part=part, method=method,
             settings=c.settings.reporting(step))
@@ -120,7 +121,8 @@ def decomposed(o: Ablate, c):
     # one step per removal per window: every component is removed (the reads of a window
     # come in batches, so the bar moves batch by batch)
     with progress_bar(err, n_windows * run.model.cfg.n_layers,
-                      f"splitting each removal ({REMOVED[part]})", not o.out.quiet) as step:
+                      f"splitting each removal ({REMOVED[part]})", not o.out.quiet,
+                      o.out.reporter) as step:
         df, tokens = experiment.decomposed(run.model, run.docs, part=part, method=method,
                                            settings=c.settings.reporting(step))
     title = f"{run.spec.label} on {run.describe()}"

@@ -139,7 +139,8 @@ def face(name: str):
         o.check_all()
         if held:
             o.load.held = held  # run on the caller's model, not what `model` names
-        with _silent(), _reporting(progress):
+        o.out.reporter = _reporter(progress)
+        with _silent():
             result = fn(o)
         if result is None:
             raise BlockscopeError(f"{name} gave no results")
@@ -168,15 +169,12 @@ def _silent():
         out.quiet, err.quiet = before
 
 
-@contextlib.contextmanager
-def _reporting(progress):
-    """Long runs' progress to `progress(done, total, description)`, else to tqdm where a
-    notebook runs this, else nowhere."""
-    from blockscope.results.render import REPORTER
-
+def _reporter(progress):
+    """Where long runs' progress goes (`render.progress_bar`'s `reporter`): to
+    `progress(done, total, description)`, else to tqdm where a notebook runs this, else
+    nowhere (None)."""
     if progress is None and "ipykernel" not in sys.modules:
-        yield
-        return
+        return None
 
     @contextlib.contextmanager
     def reporter(total: int, description: str):
@@ -208,11 +206,7 @@ def _reporting(progress):
 
         yield call
 
-    token = REPORTER.set(reporter)
-    try:
-        yield
-    finally:
-        REPORTER.reset(token)
+    return reporter
 
 
 def _info(kind):

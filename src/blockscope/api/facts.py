@@ -75,7 +75,8 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float,
                   f"{sum(i['known'] for i in items)})", highlight=False, soft_wrap=True)
     if before is not None:
         before(lm, kept)
-    with progress_bar(err, len(kept), f"{name} over facts", not quiet) as tick:
+    with progress_bar(err, len(kept), f"{name} over facts", not quiet,
+                      o.out.reporter) as tick:
         per_fact, avg = fx.over(kept, lambda t, s, g: run(lm, t, s, g), keys, value, tick,
                                 comm, o.out.partial)
     record = {"facts": o.facts, "n_facts": len(facts), "n_known": sum(i["known"] for i in items),

@@ -85,7 +85,8 @@ def knockout(o: KnockoutOptions):
         return knockout_facts(o, started)
     run, span, target, word = fact_prompt(o)
     lm = run.model
-    with progress_bar(err, 1, "knocking out", not o.out.quiet) as tick:
+    with progress_bar(err, 1, "knocking out", not o.out.quiet,
+                      o.out.reporter) as tick:
         df = experiment.knockout(lm, run.tokens, span, target=target,
                                  window=window_of(o, lm, GEVA_WINDOW),
                                  bos=o.prepend_bos,

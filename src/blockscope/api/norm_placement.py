@@ -94,7 +94,8 @@ def norm_placement(o: NormPlacement):
     plateau = experiment.plateau(data)  # the loss a context-blind model reaches
     total = 4 * o.seeds + 4 * len(tc.lrs) * o.train_steps  # layouts x inits x seeds, then
     #   every run's steps (layouts x warm-ups x rates)
-    with progress_bar(err, total, "init gradients, then training", not o.out.quiet) as tick:
+    with progress_bar(err, total, "init gradients, then training", not o.out.quiet,
+                      o.out.reporter) as tick:
         init, trained, summary, claims = experiment.run_all(
             init_cfg, train_cfg, data, tc, max_tokens=o.max_tokens, seeds=o.seeds,
             progress=(tick, tick))

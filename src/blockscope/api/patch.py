@@ -80,7 +80,7 @@ def patch(o: PatchOptions):
     contrast = None if o.contrast is None else target_id(lm.tokenizer, o.contrast, "contrast")
     from blockscope.api.common import err
 
-    with progress_bar(err, 1, "patching", not o.out.quiet) as tick:
+    with progress_bar(err, 1, "patching", not o.out.quiet, o.out.reporter) as tick:
         df = experiment.patch(lm, run.tokens, run.other, target=target, contrast=contrast,
                               sites=o.sites, settings=o.sweep.settings().reporting(tick))
     metric = df.attrs["metric"]

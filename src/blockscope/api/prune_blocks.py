@@ -65,7 +65,8 @@ def prune_blocks(o: PruneBlocks):
     run = c.run
     n_layers = run.model.cfg.n_layers
     top = o.max_removed or n_layers
-    with progress_bar(err, len(o.orders) * top + 1, "removing blocks", c.show) as tick:
+    with progress_bar(err, len(o.orders) * top + 1, "removing blocks", c.show,
+                      o.out.reporter) as tick:
         curves, metrics = experiment.block_curve(
             run.model, run.docs, orders=o.orders, max_removed=top,
             settings=c.settings.reporting(tick))

@@ -136,7 +136,8 @@ def sweeps(o: PruneHeads, run, settings, show: bool):
     with status("clean pass, shared by every experiment below", not show):
         kw["prepared"] = experiment.prepare(lm, tokens, settings=settings, **kw)
     n_sweep = len(o.layer_ids or range(cfg.n_layers)) * len(o.head_ids or range(cfg.n_heads))
-    with progress_bar(err, n_sweep + 1, "ablating heads one at a time", show) as tick:
+    with progress_bar(err, n_sweep + 1, "ablating heads one at a time", show,
+                      o.out.reporter) as tick:
         ablation = experiment.single_head_ablation(lm, tokens, layers=o.layer_ids,
                                                    heads=o.head_ids,
                                                    settings=settings.reporting(tick), **kw)
@@ -146,12 +147,13 @@ def sweeps(o: PruneHeads, run, settings, show: bool):
     curves = []
     for order in o.orders:
         with progress_bar(err, cfg.n_layers * cfg.n_heads + 1, f"pruning ({order} order)",
-                          show) as tick:
+                          show, o.out.reporter) as tick:
             curves.append(pruning.pruning_curve(lm, tokens, order=order, step=o.step,
                                                 ablation=ablation, importance=normalised,
                                                 refine=o.tolerance,
                                                 settings=settings.reporting(tick), **kw))
-    with progress_bar(err, cfg.n_layers + 1, "one head per layer", show) as tick:
+    with progress_bar(err, cfg.n_layers + 1, "one head per layer", show,
+                      o.out.reporter) as tick:
         one = experiment.one_head_per_layer(lm, tokens, importance,
                                             settings=settings.reporting(tick), **kw)
     return ablation, importance, normalised, curves, one

@@ -76,7 +76,8 @@ def rearrange(o: RearrangeOptions):
     c = passage_command(o, "rearrange")
     run = c.run
     arrangements = o.arrangements(run.model.cfg.n_layers)
-    with progress_bar(err, len(arrangements) + 1, "rearranging blocks", c.show) as tick:
+    with progress_bar(err, len(arrangements) + 1, "rearranging blocks", c.show,
+                      o.out.reporter) as tick:
         df = experiment.rearranged(
             run.model, run.docs, arrangements, settings=c.settings.reporting(tick))
     if not c.writes:

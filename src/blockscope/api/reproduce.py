@@ -76,7 +76,8 @@ def reproduce(o: Reproduce):
     lm, missing = load_or_missing(o, spec)
     with status("measuring what needs no weights", o.out.quiet):
         shape_model = lm if lm is not None and not other else shape_stand_in(o.out.quiet)
-    stage = Stages(err, n_stages(settings, lm is not None, o.norm), enabled=not o.out.quiet)
+    stage = Stages(err, n_stages(settings, lm is not None, o.norm), enabled=not o.out.quiet,
+                   reporter=o.out.reporter)
     r = measure(lm, settings, figures, name=spec.name, label=spec.label, other=other,
                 shape_model=shape_model, norm=o.norm, stage=stage,
                 load_processed=lambda: processed_model(o, spec.name))

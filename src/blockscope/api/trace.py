@@ -127,7 +127,7 @@ def trace(o: Trace):
     run, span, target, word = fact_prompt(o)
     lm = run.model
     std, std_record = experiment.noise_std(lm, o.std_rule, [o.subject])
-    with progress_bar(err, 1, "tracing", not o.out.quiet) as tick:
+    with progress_bar(err, 1, "tracing", not o.out.quiet, o.out.reporter) as tick:
         df = experiment.trace(lm, run.tokens, span, target=target, kinds=o.kinds,
                               samples=o.samples, window=window_of(o, lm, ROME_WINDOW),
                               noise=o.noise, std=std,

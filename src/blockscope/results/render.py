@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,20 +110,16 @@ def _laid_out(cells: dict, columns: dict, width: int, title, styles, caption) ->
     return t
 
 
-# Where progress goes instead of a bar (the Python face): a function of (total, description)
-# giving the step callback; None: the console's bar.
-REPORTER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("reporter",
-                                                                           default=None)
-
-
 @contextmanager
 def progress_bar(
-    console: Console, total: int, description: str, enabled: bool = True
+    console: Console, total: int, description: str, enabled: bool = True,
+    reporter: Callable | None = None,
 ) -> Iterator[Callable[[], None]]:
     """Yield a callback: `cb()` advances the bar by one step, `cb(total=n)` resets its total.
     With an ETA; where stderr is not a terminal (piped, logged), one plain line per tenth.
-    Where `REPORTER` is set, its step callback instead, whether or not `enabled`."""
-    reporter = REPORTER.get()
+    With `reporter` (where progress goes instead of a bar, the Python face's: a context
+    manager of (total, description) giving the step callback), its callback instead, whether
+    or not `enabled`."""
     if reporter is not None:
         with reporter(total, description) as step:
             yield step
@@ -187,8 +182,10 @@ class Stages:
     """A long run's experiments, each said on one line (`[2/5] residual norms: ...`) with
     its own progress bar: `with stages(description, n_steps) as step: ... step()`."""
 
-    def __init__(self, console: Console, total: int, enabled: bool = True):
+    def __init__(self, console: Console, total: int, enabled: bool = True,
+                 reporter: Callable | None = None):
         self.console, self.total, self.enabled, self.done = console, total, enabled, 0
+        self.reporter = reporter  # progress_bar's
 
     @contextmanager
     def __call__(self, description: str, n_steps: int) -> Iterator[Callable[[], None]]:
@@ -197,7 +194,7 @@ class Stages:
             self.console.print(f"[{self.done}/{max(self.total, self.done)}] {description}",
                                highlight=False, soft_wrap=True)
         with progress_bar(self.console, n_steps, description.split(":")[0],
-                          self.enabled) as step:
+                          self.enabled, self.reporter) as step:
             yield step
 
 
