@@ -296,6 +296,10 @@ def test_the_commands_write_their_columns_and_refuse_unequal_prompts(tiny_dir, t
                                 "indirect_effect"]
     meta = json.loads(result(tmp_path, "trace-tiny-gpt2.json").read_text())
     assert meta["seed"] == 0 and meta["noise_scale"] > 0 and "randn" in meta["noise_rule"]
+    # how the sweep ran: the same flat fields as every command's sidecar (sweeps.how.How)
+    assert meta["engine"] == "cached" and "fallback" not in meta
+    assert 0 < meta["block_positions"] < meta["naive_block_positions"]
+    assert meta["batch_size"] >= 1
     res = run("knockout", "The capital of France is", "--subject", "France", "--window", 2)
     assert res.exit_code == 0, res.output
     df = pd.read_csv(result(tmp_path, "knockout-tiny-gpt2.csv"))

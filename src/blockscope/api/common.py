@@ -119,9 +119,10 @@ def checked_load(spec, allow_pickle: bool, quiet: bool, check=None, held: tuple 
 
 
 def engine_record(*frames) -> dict:
-    """How the sweeps behind `frames` ran, for the sidecar: the first one's batch size and
-    replay, and every fallback to the naive loop, each also said on stderr."""
-    runs = [f.attrs["engine"] for f in frames if f.attrs.get("engine")]
+    """How the sweeps behind `frames` ran (`sweeps.how.How`), for the sidecar: the first
+    one's record, and every fallback to the naive loop, each also said on stderr."""
+    runs = [f.attrs.get("engine") or f.attrs.get("how") for f in frames]
+    runs = [r for r in runs if r]
     record = dict(runs[0]) if runs else {}
     fallbacks = sorted({r["fallback"] for r in runs if "fallback" in r})
     for message in fallbacks:

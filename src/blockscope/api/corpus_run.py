@@ -184,8 +184,8 @@ class PassageCommand:
         from blockscope.sweeps import stats
 
         meta = self.run.meta(self.command, n_scored=int(n_scored),
-                             engine=self.o.sweep.engine.value,
-                             **engine_record(*(ran or frames.values())),
+                             **{"engine": self.o.sweep.engine.value,  # what ran, if said
+                                **engine_record(*(ran or frames.values()))},
                              kl=stats.KL_MEANING, **fields,
                              wall_time_s=round(time.perf_counter() - self.started, 3))
         stem = f"{self.command}-{self.run.spec.slug}-{self.run.source.stem}{suffix}"

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command
+from blockscope.api.common import command, engine_record
 from blockscope.api.facts import (
     AllFactsOpt,
     FactsOpt,
@@ -97,7 +97,7 @@ def knockout(o: KnockoutOptions):
                     p_clean=df.attrs["p_clean"], window=df.attrs["window"],
                     edges={e: list(experiment.keys(e, span, run.tokens.shape[-1],
                                                    o.prepend_bos))
-                           for e in experiment.EDGES}, engine=df.attrs["how"])
+                           for e in experiment.EDGES}, **engine_record(df))
     stem = f"knockout-{run.spec.slug}"
     extra = {}
     if o.out.plot:

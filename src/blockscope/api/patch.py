@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command
+from blockscope.api.common import command, engine_record
 from blockscope.api.options import (
     BosTokenOpt,
     Load,
@@ -88,7 +88,7 @@ def patch(o: PatchOptions):
                     corrupted_tokens=run.other[0].tolist(), target=o.target,
                     contrast=o.contrast, sites=o.sites, metric=metric,
                     clean_value=df.attrs["clean"], corrupted_value=df.attrs["corrupted"],
-                    engine=df.attrs["how"], columns=experiment.MEANING)
+                    **engine_record(df), columns=experiment.MEANING)
     stem = f"patch-{run.spec.slug}"
     extra = {}
     if o.out.plot:

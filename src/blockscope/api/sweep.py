@@ -38,7 +38,9 @@ from blockscope.sweeps.variant import Variant
 
 
 class EngineFallback(UserWarning):
-    """The cached engine's self-check failed and every variant ran on the naive loop."""
+    """The cached engine's self-check failed, or it cannot run these edits (an edit at
+    `hook_embed`, a family without a plain replay), and every variant ran on the naive
+    loop."""
 
 
 def sweep(model, variants: Sequence[Variant], metric, *, base: Run,
@@ -95,8 +97,9 @@ def sweep(model, variants: Sequence[Variant], metric, *, base: Run,
                                 RunSettings(engine=engine, batch_size=batch_size,
                                             progress=step))
     how = dict(outcome.how)
-    if "fallback" in how:
-        warnings.warn(how["fallback"], EngineFallback, stacklevel=2)
+    if engine == "cached" and how.get("engine") == "naive":  # fell back, or could not run
+        warnings.warn(how.get("fallback") or how.get("why_naive"), EngineFallback,
+                      stacklevel=2)
     if how.get("engine") == "naive":
         how["block_positions"] = len(variants) * base.samples * model.cfg.n_layers * T
     values = outcome.values.reshape(len(variants), base.samples, len(names))  # (V, S, k)

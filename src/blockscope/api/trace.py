@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 import typer
 
-from blockscope.api.common import command
+from blockscope.api.common import command, engine_record
 from blockscope.api.facts import (
     AllFactsOpt,
     FactsOpt,
@@ -142,7 +142,7 @@ def trace(o: Trace):
                     noise_rule=experiment.NOISE_RULE, seed=o.seed,
                     samples=o.samples, window=window_of(o, lm, ROME_WINDOW), kinds=o.kinds,
                     sever=o.sever,
-                    engine=a["how"])
+                    **engine_record(df))
     stem = f"trace-{run.spec.slug}"
     extra = {}
     if o.out.plot:

@@ -33,6 +33,7 @@ import torch
 from blockscope.errors import BlockscopeError
 from blockscope.model.arch import layout
 from blockscope.sweeps import streams
+from blockscope.sweeps.how import How
 from blockscope.sweeps.naive import model_windows
 from blockscope.sweeps.settings import RunSettings
 
@@ -162,11 +163,10 @@ def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSe
     means.insert(2, "part", part)
     means.insert(7, "self_repair", (means["direct"] - means["total"]) / means["direct"])
     means.attrs["n_scored"] = int(len(tokens) // max(1, len(means)))
-    means.attrs["engine"] = {"engine": "+".join(sorted({h["engine"] for h in hows}))}
-    for key in ("why_naive", "fallback"):
-        said = sorted({h[key] for h in hows if key in h})
-        if said:
-            means.attrs["engine"][key] = "; ".join(said)
+    said = {key: "; ".join(sorted({h[key] for h in hows if key in h})) or None
+            for key in ("why_naive", "fallback")}
+    means.attrs["engine"] = How("+".join(sorted({h["engine"] for h in hows})),
+                                **said).record()
     return means, tokens
 
 

@@ -38,6 +38,7 @@ from blockscope.inputs.text import Window
 from blockscope.interventions import Hook, applied
 from blockscope.sweeps import loop, replay, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
+from blockscope.sweeps.how import How
 from blockscope.sweeps.metrics import NllKl
 
 # Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
@@ -177,9 +178,9 @@ def engine_nlls(
                     progress()
     if progress:
         progress()
-    return [torch.cat(baseline, 1)] + [torch.cat(n, 1) for n in nlls], {
-        "replay": "+".join(sorted(how["replay"], reverse=True)),
-        "batch_size": max(how["batch_size"])}
+    return [torch.cat(baseline, 1)] + [torch.cat(n, 1) for n in nlls], How(
+        "cached", "+".join(sorted(how["replay"], reverse=True)),
+        max(how["batch_size"])).record()
 
 
 def _entering(v: Start, clean: Clean, plain) -> torch.Tensor:

@@ -18,6 +18,7 @@ from blockscope.inputs.parallel import total
 from blockscope.interventions import applied, mask_heads
 from blockscope.model import arch
 from blockscope.sweeps import clean, replay, scoring, selfcheck, unembed
+from blockscope.sweeps.how import How, fell_back
 from blockscope.sweeps.naive import model_windows, window_nll
 from blockscope.sweeps.steps import fused_gelu
 
@@ -47,7 +48,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     # per document, in float64 on the CPU: joined in corpus order (`parallel.total`), the
     # same sum whichever ranks' documents it gathers
     grads, units = [], []
-    how = {"replay": set(), "batch_size": 1}
+    replays, fallback = set(), None
     try:
         with torch.enable_grad():
             for index, ids in zip(docs.index, docs.ids, strict=True):
@@ -65,7 +66,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                             plain, why, ran = selfcheck.gradient_replay(model, lay, cleans[wi],
                                                                         mask)
                             if why:
-                                how["fallback"] = why
+                                fallback = why
                         if ran is not None:
                             nll, grad = ran
                         elif plain is not None:
@@ -80,7 +81,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                     # the pass scored: the check ran the replay, then the hooked model, and
                     # `ran` is the hooked model's unless the replay agreed
                     x = final[1 if ran is not None and plain is None else 0]
-                    how["replay"].add("plain" if plain is not None else "bridge")
+                    replays.add("plain" if plain is not None else "bridge")
                     if ran is None:
                         (grad,) = torch.autograd.grad(nll.sum(), mask)
                     summed += (grad.abs() * (mask.detach() != 0)).double().cpu()  # removed: 0
@@ -99,7 +100,10 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     joined = total(docs.comm, grads)
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
-    how["replay"] = "+".join(sorted(how["replay"], reverse=True))
+    how = How("cached" if "plain" in replays else "naive",
+              "+".join(sorted(replays, reverse=True)), 1,
+              fallback=None if fallback is None else fell_back(
+                  fallback, "the gradients ran through the bridge")).record()
     scored = scoring.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
     return importance, normalised, scored
 

@@ -29,6 +29,7 @@ import torch
 from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
+from blockscope.sweeps.how import How
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
@@ -172,7 +173,7 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     acts = {name: c.acts for name, c in held.items()} | {"base": kept.acts}
     if progress:
         progress(total=len(variants))
-    how: dict = {"engine": str(engine)}
+    how = How(str(engine)).record()
     values = None
     if engine == "cached":
         values, how = resume.cached(

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from blockscope.sweeps import engine, loop, replay, selfcheck, steps, unembed
+from blockscope.sweeps.how import How, fell_back, not_tried
 from blockscope.sweeps.variant import Variant
 
 INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
@@ -67,7 +68,7 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
     plain = steps.plain_parts(model)
     why = unsupported(model, plain, variants)
     if why is not None:
-        return None, {"engine": "naive", "fallback": f"the cached engine cannot run {why}"}
+        return None, How("naive", why_naive=not_tried(why)).record()
     r = Resume(model, plain, kept, sources, base.samples)
     tol = 10 * selfcheck.tolerance(kept.pre[0].dtype)
     with torch.inference_mode(), steps.fused_gelu(model):
@@ -93,14 +94,12 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
                     progress()
             work += sum(r.work(variants[i]) for i in group)
     T, n = kept.pre[0].shape[1], len(plain)
-    return out, {"engine": "cached", "batch_size": r.max_rows(variants, batch_size),
-                 "block_positions": work,
-                 "naive_block_positions": len(variants) * base.samples * n * T}
+    return out, How("cached", batch_size=r.max_rows(variants, batch_size), block_positions=work,
+                    naive_block_positions=len(variants) * base.samples * n * T).record()
 
 
 def _fallback(why: str) -> dict:
-    return {"engine": "naive", "fallback": f"the cached engine's self-check failed: {why}; "
-            "every variant was run by the naive loop"}
+    return How("naive", fallback=fell_back(why)).record()
 
 
 def _groups(variants: Sequence[Variant], size: int) -> list[list[int]]:

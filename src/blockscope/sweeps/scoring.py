@@ -23,6 +23,7 @@ from blockscope.interventions import resample
 from blockscope.model import arch
 from blockscope.sweeps import clean, engine, selfcheck, stats, steps
 from blockscope.sweeps.entries import shared_skips, start
+from blockscope.sweeps.how import How, fell_back
 from blockscope.sweeps.naive import (
     activations,
     clean_sums,
@@ -266,7 +267,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
         for c in refs if on_clean else ():
             on_clean(c)
         return (naive_nlls(model, ids, variants, wins=wins, reference=refs,
-                           progress=progress), {"replay": "naive", "batch_size": 1})
+                           progress=progress), How("naive", "naive", 1).record())
     cleans = _cleans(model, ids, wins, prepared, False, prepared_here)
     for c in cleans if on_clean else ():
         on_clean(c)
@@ -279,9 +280,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
     except steps.ReplayMismatch as exc:
         # the baseline too: the clean passes scored it through the replayed unembedding
         return (naive_nlls(model, ids, variants, wins=wins, progress=progress),
-                {"replay": "naive", "batch_size": 1,
-                 "fallback": f"the cached engine's self-check failed: {exc}; every variant "
-                 "was scored by the naive loop"})
+                How("naive", "naive", 1, fallback=fell_back(str(exc))).record())
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:
@@ -293,11 +292,15 @@ def _reference(model, ids, wins) -> list[clean.Clean]:
 
 
 def merged_how(hows: list[dict]) -> dict:
-    """How the documents ran, as one record: the largest batch, every replay, any fallback."""
-    replays = {part for h in hows for part in h["replay"].split("+")}
-    record = {"replay": "+".join(sorted(replays, reverse=True)),
-              "batch_size": max(h["batch_size"] for h in hows)}
+    """How the documents ran, as one record: every engine and replay, the largest batch, any
+    fallback."""
+    def joined(key):
+        return "+".join(sorted({part for h in hows for part in engine_of(h, key).split("+")},
+                               reverse=True))
+
+    def engine_of(h, key):  # a unit kept by an earlier version has no `engine`
+        return h.get(key) or ("naive" if h["replay"] == "naive" else "cached")
+
     fallbacks = sorted({h["fallback"] for h in hows if "fallback" in h})
-    if fallbacks:
-        record["fallback"] = fallbacks[0] if len(fallbacks) == 1 else "; ".join(fallbacks)
-    return record
+    return How(joined("engine"), joined("replay"), max(h["batch_size"] for h in hows),
+               fallback="; ".join(fallbacks) if fallbacks else None).record()

@@ -187,7 +187,7 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
     worst = max(_rel(g, w) for g, w in zip(got, want, strict=True))
     ok = worst <= tol
     why = (f"the plain replay of the head-mask gradient differs from the hooked model by "
-           f"{worst:.1e} relative (allowed {tol:.0e}); the gradients ran through the bridge")
+           f"{worst:.1e} relative (allowed {tol:.0e})")
     if not ok and clean.pre[0].dtype == torch.float32:
         # Two correct float32 orders of summation can differ by more than `tol` in a deep
         # model's gradient (SmolLM2: ~1e-4). Judge like with like: against a float64 pass,
@@ -199,8 +199,7 @@ def gradient_replay(model, lay, clean: Clean, mask: torch.Tensor):
         ok = off <= allowed  # within float32 noise: a correct replay
         why = (f"the plain replay of the head-mask gradient differs from a float64 pass by "
                f"{off:.1e} relative, {off / max(noise, 1e-30):.0f}x the hooked float32 "
-               f"model's own {noise:.1e} (allowed {allowed:.1e}); the gradients ran through "
-               "the bridge")
+               f"model's own {noise:.1e} (allowed {allowed:.1e})")
     clean.checked[key] = (plain, None) if ok else (None, why)
     return (*clean.checked[key], got if ok else want)
 

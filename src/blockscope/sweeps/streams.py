@@ -35,6 +35,7 @@ from blockscope.model import arch
 from blockscope.sweeps import engine, selfcheck, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
 from blockscope.sweeps.entries import start
+from blockscope.sweeps.how import How, fell_back, not_tried
 from blockscope.sweeps.variant import Variant
 
 KINDS = ("block", "half", "mlp", "attn")  # the entries a single removal takes
@@ -72,12 +73,11 @@ def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
         why, got = _cached(model, ids, w, chunk, targets, variants, made, clean, batch_size,
                            progress)
         if got is not None:
-            return (*got, {"engine": "cached"})
+            return (*got, How().record())
         return (*_naive(model, chunk, targets, variants, made,
-                        progress=progress if "why_naive" in why else None),
-                {"engine": "naive", **why})
+                        progress=progress if why.why_naive else None), why.record())
     return (*_naive(model, chunk, targets, variants, made, progress=progress),
-            {"engine": "naive"})
+            How("naive").record())
 
 
 def _site(e) -> str | None:
@@ -146,22 +146,22 @@ def _read(r: Reader, run: dict, targets) -> dict:
 
 def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
             progress=None):
-    """({"why_naive": ...}, None) where the engine has no entry for them, ({"fallback":
-    ...}, None) where it fails its self-check, else (None, reads)."""
+    """(How with `why_naive`, None) where the engine has no entry for them, (How with
+    `fallback`, None) where it fails its self-check, else (None, reads)."""
     lay = arch.layout(model)
     n = model.cfg.n_layers
     starts = [start(model, lay, v) for v in variants]
     if any(s.hooks or s.skips or s.base or s.kind not in KINDS for s in starts):
-        return {"why_naive": "the cached engine has no entry for these removals here (a "
-                "hook sits in a block, or the layout's half writes cannot be entered); every "
-                "variant was run by the naive loop"}, None
+        return How("naive", why_naive=not_tried(
+            "these removals here (a hook sits in a block, or the layout's half writes cannot "
+            "be entered)")), None
     sites = sorted({_site(v.edits[0]) for v in variants} - {None})
     if clean is None or any(name not in clean.acts for name in sites):
         clean = clean_pass(model, ids, w, {*kept_names(lay, n, z=False), *sites})
     try:
         plain = selfcheck.verify(model, lay, clean, starts, steps.plain_parts(model))
     except steps.ReplayMismatch as exc:
-        return _fallback(str(exc)), None
+        return How("naive", fallback=fell_back(str(exc))), None
     r = reader(clean.pre[-1][0])
     kept = {"stream": [p[0] for p in clean.pre], "acts": {s: clean.acts[s][0] for s in sites}}
     with torch.inference_mode():
@@ -178,8 +178,9 @@ def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
         for key in ("stream", "change", "final", "logit"):
             off = float((out[i][key] - ref[key]).abs().max()) / scale
             if off > tol:
-                return _fallback(f"variant {variants[i].label}'s {key} is {off:.1e} off the "
-                                 "naive loop's"), None
+                return How("naive", fallback=fell_back(
+                    f"variant {variants[i].label}'s {key} is {off:.1e} off the naive "
+                    "loop's")), None
     return None, (base, out)
 
 
@@ -228,7 +229,3 @@ class Readings:
         finals = [self.r.final(x[b]) for b in range(x.shape[0])]
         return [{"final": f, "logit": f + self.r.offset} for f in finals]
 
-
-def _fallback(why: str) -> dict:
-    return {"fallback": f"the cached engine's self-check failed: {why}; every variant was "
-            "run by the naive loop"}
