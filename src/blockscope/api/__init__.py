@@ -1,9 +1,9 @@
 """Every command, one module each, run by the command line (`blockscope.cli`) and by the
 Python face (`face`, re-exported as `blockscope.<command>`). A command's options are a
 dataclass (options, text_options), checked once before anything loads; the command loads
-(or takes the held model), calls pure experiments, renders its table on the console (quiet
-in Python) and hands its results over as a `result.Result`: the command line saves them,
-Python returns them. Heavy imports happen inside the commands, so `--help` is instant.
+(or takes the held model), calls pure experiments and returns a `result.Result` (its tables,
+sidecar, pictures and what the command line shows): the command line shows and saves it,
+Python returns it. Heavy imports happen inside the commands, so `--help` is instant.
 """
 
 from blockscope.api import (  # noqa: F401  (registers the commands: one module each)
