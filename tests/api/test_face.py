@@ -77,6 +77,13 @@ def test_every_command_gives_the_cli_csv_byte_for_byte(name, tiny_dir, tmp_path,
         written = tmp_path / result.csv_name(table)
         assert df.to_csv(index=False).encode() == written.read_bytes()
     assert result.meta["command"] == name
+    # what the command line printed, the Result holds: its tables and lines, then "wrote"
+    from blockscope.api.console import out
+
+    result.show(out)
+    shown = capsys.readouterr().out
+    assert shown and res.stdout == shown + res.stdout.splitlines(keepends=True)[-1]
+    assert res.stdout.splitlines()[-1].startswith("wrote ")
 
 
 def test_save_writes_the_files_the_cli_writes(tiny_dir, tmp_path):
