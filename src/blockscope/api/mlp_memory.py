@@ -166,14 +166,14 @@ def render(layers, df, label: str, target: str, keys=None) -> list:
     from blockscope.results.render import table
 
     said = []
-    shown = layers.assign(block=layers["layer"] + 1)
+    shown = layers.assign(block=layers["layer"])  # blocks count from 0, as the CSV
     said.append(table(shown, {"block": ("block", "d"), "contribution": ("MLP's direct logit",
                                                                       "+.3f"),
                             "share_of_logit": ("of the logit", ".1%"),
                             "top_share": ("of it, the neurons below", ".1%")},
                     title=f"{label}: the MLPs writing most toward {visible(target)}",
                     caption="blocks count from 0"))
-    neat = df.assign(block=df["layer"] + 1,
+    neat = df.assign(block=df["layer"],
                      promotes=df["promotes"].map(lambda s: " ".join(map(visible,
                                                                         s.split("|")))))
     said.append(table(neat, {"block": ("block", "d"), "neuron": ("neuron", "d"),
@@ -183,7 +183,7 @@ def render(layers, df, label: str, target: str, keys=None) -> list:
                            "promotes": ("its write promotes", "s")},
                     title="the neurons adding most (activation x value)"))
     if keys is not None:
-        first = keys[keys["rank"] == 1].assign(block=keys["layer"] + 1, context=keys[
+        first = keys[keys["rank"] == 1].assign(block=keys["layer"], context=keys[
             "context"].map(lambda c: " ".join(c[-60:].split())))  # one line, spaces kept
         said.append(table(first, {"block": ("block", "d"), "neuron": ("neuron", "d"),
                                 "activation": ("activation", "+.2f"),

@@ -180,12 +180,12 @@ def render(summary, finals, claims, warmup: int, plateau: float) -> list:
     keys = [(lay, s) for lay in ("pre", "post") for s in (False, True)]
     grid = summary.pivot_table(index="layer", columns=["layout", "scaled_init"],
                                values="grad_norm", sort=False)
-    rows = pd.DataFrame({"layer": grid.index + 1,
+    rows = pd.DataFrame({"layer": grid.index,  # blocks count from 0, as the CSV
                          **{f"{lay}|{s}": grid[(lay, s)] for lay, s in keys}})
     columns = {"layer": ("layer", "d"), **{f"{lay}|{s}": (
         f"{lay}-norm {'scaled' if s else 'unscaled'}", "sig3") for lay, s in keys}}
     said.append(table(rows, columns, title="gradient norm per block at initialization (mean "
-                    "over seeds)", caption="three significant figures"))
+                    "over seeds)", caption="three significant figures; layers from 0"))
     if finals:
         lrs = sorted({lr for _, _, lr in finals})
         rows = pd.DataFrame([{"run": f"{lay}-norm, warm-up {w}",

@@ -14,11 +14,13 @@ def norm_init_plot(summary: pd.DataFrame, title: str) -> Figure:
     """Gradient norm per block at initialization (log axis), one line per layout x init."""
     fig, ax = _subplots(figsize=(8, 4.5))
     for (layout, scaled), rows in summary.groupby(["layout", "scaled_init"], sort=False):
-        ax.plot(rows["layer"] + 1, rows["grad_norm"], marker="o",
+        ax.plot(rows["layer"], rows["grad_norm"], marker="o",
                 linestyle="-" if layout == "pre" else "--",
                 label=f"{layout}-norm, {'scaled' if scaled else 'unscaled'} init")
     _log_y(ax)
-    return _finish(fig, ax, "block", "gradient norm of its six matrices (log scale)", title)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # blocks are whole numbers
+    return _finish(fig, ax, "block (from 0)", "gradient norm of its six matrices (log scale)",
+                   title)
 
 
 def norm_train_plot(trained: pd.DataFrame, title: str, plateau: float | None = None,
