@@ -82,13 +82,13 @@ def console_report(quiet: bool):
     return ConsoleReport()
 
 
-def load(spec, allow_pickle: bool, quiet: bool, check=None, held=None):
+def load(spec, allow_pickle: bool, quiet: bool, check=None, held=None, before=None):
     """The model, opened in one call (`loading.open_model`: the checks before the weights,
-    the weights, the checks after; `held`: the caller's model instead), said on stderr unless
-    quiet."""
+    `before(tokenizer, sizes)` and `check(sizes)`, the weights, the checks after; `held`:
+    the caller's model instead), said on stderr unless quiet."""
     from blockscope.model.loading import open_model
 
-    return open_model(spec, allow_pickle=allow_pickle, check=check, held=held,
+    return open_model(spec, allow_pickle=allow_pickle, check=check, before=before, held=held,
                       report=console_report(quiet))
 
 
@@ -109,12 +109,14 @@ def model_spec(name: str | None, held: tuple | None = None, **options):
     return spec_for(name, **options)
 
 
-def checked_load(spec, allow_pickle: bool, quiet: bool, check=None, held: tuple | None = None):
+def checked_load(spec, allow_pickle: bool, quiet: bool, check=None, held: tuple | None = None,
+                 before=None):
     """`load`, with `check(sizes)` (which raises BlockscopeError on a bad option) on the
-    config before the weights where it is at hand, and on the model after; `held` (the
-    caller's (model, spec): `options.Load.held`): that model instead, checked the same way,
-    its BOS chosen as `spec` says."""
-    return load(spec, allow_pickle, quiet, check, held)
+    config before the weights where it is at hand, and on the model after, and
+    `before(tokenizer, sizes)` on the tokenizer before the weights where it is at hand;
+    `held` (the caller's (model, spec): `options.Load.held`): that model instead, checked
+    the same way, its BOS chosen as `spec` says."""
+    return load(spec, allow_pickle, quiet, check, held, before)
 
 
 def engine_record(*frames) -> dict:

@@ -52,18 +52,17 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float,
     from blockscope.errors import BadValue
     from blockscope.experiments import facts as fx
     from blockscope.inputs import parallel
-    from blockscope.model.peek import peek_tokenizer
     from blockscope.results.render import progress_bar
 
     facts = fx.read_facts(o.facts)
     spec = model_spec(o.load.model, o.load.held, device=parallel.local_device(o.load.device),
                       dtype=o.load.dtype.value, bos_token=o.bos_token)
-    tokenizer = peek_tokenizer(spec)  # every fact's texts checked before the model loads
-    if tokenizer is not None:
-        fx.check_texts(tokenizer, facts, o.facts, o.prepend_bos)
     comm = parallel.from_env(spec.device)
     quiet = o.out.quiet or not comm.writes
-    lm = checked_load(spec, o.load.allow_pickle, quiet, o.check_all_sizes, o.load.held)
+    lm = checked_load(spec, o.load.allow_pickle, quiet, o.check_all_sizes, o.load.held,
+                      # every fact's texts checked before the model loads
+                      before=lambda tokenizer, sizes: fx.check_texts(tokenizer, facts, o.facts,
+                                                                     o.prepend_bos))
     items = fx.prepared(lm, facts, o.prepend_bos)
     kept = items if o.all_facts else [i for i in items if i["known"]]
     if not kept:

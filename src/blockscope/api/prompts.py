@@ -8,21 +8,17 @@ from dataclasses import dataclass
 from blockscope.errors import BlockscopeError
 
 
-def early_tokens(spec, text: str, prepend_bos: bool, check_text=None):
-    """The prompt's tokens `(1, pos)` from the tokenizer and config.json alone, checked
-    against the context and by `check_text(tokenizer, tokens)`, before the model loads (a
-    bad prompt is refused in a second, not after a load); None when neither is at hand
-    without loading: the load then checks."""
+def early_tokens(tokenizer, sizes, text: str, prepend_bos: bool, check_text=None):
+    """The prompt's tokens `(1, pos)` from the tokenizer and the config's sizes alone (what
+    `loading.open_model` hands its `before` check), checked against the context and by
+    `check_text(tokenizer, tokens)` before the model loads: a bad prompt is refused in a
+    second, not after a load."""
     from blockscope.inputs.text import tokenize
-    from blockscope.model.peek import peek_sizes, peek_tokenizer
 
-    tokenizer = peek_tokenizer(spec)
-    if tokenizer is None:
-        return None
     tokens = tokenize(tokenizer, text, prepend_bos=prepend_bos)
     if check_text is not None:
         check_text(tokenizer, tokens)
-    n_ctx = (peek_sizes(spec) or {}).get("n_ctx")
+    n_ctx = (sizes or {}).get("n_ctx")
     if n_ctx is not None and tokens.shape[-1] > n_ctx:
         raise BlockscopeError(f"{tokens.shape[-1]:,} tokens, the model's context is {n_ctx:,}")
     return tokens
@@ -101,10 +97,12 @@ def prompt_run(prompt, load, *, prepend_bos: bool, quiet: bool, bos_token: str |
     text, source = prompt.read()
     spec = model_spec(load.model, load.held, device=load.device, dtype=load.dtype.value,
                       processed=processed, bos_token=bos_token)
-    early = early_tokens(spec, text, prepend_bos, check_text)
-    if early is not None and check_length is not None:
-        check_length(early.shape[-1])
-    lm = checked_load(spec, load.allow_pickle, quiet, check, load.held)
+    def before(tokenizer, sizes):  # the prompt, refused from the tokenizer and config alone
+        early = early_tokens(tokenizer, sizes, text, prepend_bos, check_text)
+        if check_length is not None:
+            check_length(early.shape[-1])
+
+    lm = checked_load(spec, load.allow_pickle, quiet, check, load.held, before)
     tokens = tokenize(lm.tokenizer, text, prepend_bos=prepend_bos)
     check_context(tokens, lm)
     if check_length is not None:
@@ -134,11 +132,12 @@ def two_prompts(clean: str, corrupted: str, load, prepend_bos: bool, bos_token, 
         raise BlockscopeError("the clean and the corrupted prompt must not be empty")
     spec = model_spec(load.model, load.held, device=load.device, dtype=load.dtype.value,
                       bos_token=bos_token)
-    early = [early_tokens(spec, t, prepend_bos, c) for t, c in ((clean, check_text),
-                                                                (corrupted, None))]
-    if None not in early:
+    def before(tokenizer, sizes):  # both prompts, from the tokenizer and config alone
+        early = [early_tokens(tokenizer, sizes, t, prepend_bos, c)
+                 for t, c in ((clean, check_text), (corrupted, None))]
         check_lengths(early[0].shape[-1], early[1].shape[-1])
-    lm = checked_load(spec, load.allow_pickle, quiet, held=load.held)
+
+    lm = checked_load(spec, load.allow_pickle, quiet, held=load.held, before=before)
     a, b = (tokenize(lm.tokenizer, t, prepend_bos=prepend_bos) for t in (clean, corrupted))
     check_lengths(a.shape[-1], b.shape[-1])
     if check_text is not None:

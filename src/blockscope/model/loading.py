@@ -58,28 +58,36 @@ def sizes_of(model) -> dict:
             "d_vocab": cfg.d_vocab, "d_mlp": cfg.d_mlp}
 
 
-def open_model(spec: ModelSpec, *, allow_pickle: bool = False, check=None, held=None,
-               report: Report | None = None):
+def open_model(spec: ModelSpec, *, allow_pickle: bool = False, check=None, before=None,
+               held=None, report: Report | None = None):
     """The model `spec` names, opened with every check that can run before the weights:
-    `check(sizes)` (raising BlockscopeError on a bad option) on the config alone where it is
-    at hand without loading, the checkpoint folder, then the weights (`load_model`, its BOS
-    chosen as `spec` says), then `check` on the model's own sizes. `held` (the caller's
-    (TransformerBridge, spec)): that model instead, checked the same way, its BOS chosen.
-    `report` says each step (`Report`)."""
+    `before(tokenizer, sizes)` (the texts: a prompt's length, a subject, a target) on the
+    tokenizer alone with its BOS chosen as the model's will be, and the config's sizes (or
+    None), where the tokenizer is at hand without loading; `check(sizes)` (the options) on
+    the config's sizes where they are; the checkpoint folder; then the weights
+    (`load_model`, its BOS chosen as `spec` says), then `check` on the model's own sizes.
+    Each raises BlockscopeError on bad input. `held` (the caller's (TransformerBridge,
+    spec)): that model instead, checked the same way, its BOS chosen. `report` says each
+    step (`Report`)."""
     from blockscope.inputs.text import choose_bos
-    from blockscope.model.peek import peek_sizes
+    from blockscope.model.peek import peek_sizes, peek_tokenizer
 
     report = report or Report()
     if held is not None:
         model = held[0]
+        model.bos_choice = choose_bos(model.tokenizer, spec.bos_token)
+        if before is not None:
+            before(model.tokenizer, sizes_of(model))
         if check is not None:
             check(sizes_of(model))
-        model.bos_choice = choose_bos(model.tokenizer, spec.bos_token)
         return model
-    if check is not None:
-        early = peek_sizes(spec)
-        if early and None not in early.values():
-            check(early)
+    early = peek_sizes(spec) if check is not None or before is not None else None
+    if before is not None:
+        tokenizer = peek_tokenizer(spec)
+        if tokenizer is not None:
+            before(tokenizer, early)
+    if check is not None and early and None not in early.values():
+        check(early)
     if spec.fallback_from:
         report.stand_in(spec)
     if spec.fetched:
