@@ -17,7 +17,7 @@ from blockscope.errors import BadValue
 from blockscope.model.loading import load_model, spec_for
 
 from ..builders import save_checkpoint
-from ..references import hf_capture, hf_modules, hf_run
+from ..references import hf_capture, hf_modules, hf_run, layers
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 TOKENS = torch.tensor([[50256, 464, 3139, 286, 4881, 318, 257, 1402]])  # BOS The capital ...
@@ -231,3 +231,20 @@ def test_the_extending_docs_examples_run_as_written(tmp_path_factory, monkeypatc
         assert len(result.table) == n and result.meta["how"]["engine"] == "cached"
         assert result.table.iloc[:, -1].notna().all()
     assert "coefficient" in capsys.readouterr().out
+
+
+def test_a_family_the_cached_engine_cannot_run_warns_and_gives_the_naive_numbers(
+        tmp_path_factory):
+    """GPT-J has no plain replay: bs.sweep says so (why_naive) with the same warning, and its
+    numbers are the naive loop's, held here to the plain HF model with a hook."""
+    d = save_checkpoint("gptj", tmp_path_factory.mktemp("gptj") / "m")
+    model = load_model(spec_for(str(d), device="cpu"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+    v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    steer = bs.Variant("steer", [bs.Edit(bs.Site("hook_resid_pre", 1), AddVector(v))])
+    with pytest.warns(bs.EngineFallback, match="no plain replay"):
+        result = bs.sweep(model, [steer], MeanLogProb(WORDS), base=bs.Run(TOKENS))
+    how = result.meta["how"]
+    assert how["engine"] == "naive" and "why_naive" in how and "fallback" not in how
+    want = mean_log_prob(hf_run(hf, TOKENS, [(layers(hf)[1], "pre", lambda t: t + v)]))
+    assert abs(result.table.mean_log_prob[0] - want) <= 1e-5 * (1 + abs(want))
