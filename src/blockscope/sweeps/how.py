@@ -1,10 +1,17 @@
 """How a sweep ran, one record for every sweep (removal, decompose, interchange, the head-mask
 gradient): which engine computed the numbers, how, and why it fell back if it did. The
-sidecar's engine fields and each table's `attrs` are its `record()`."""
+sidecar's engine fields and each table's `attrs` are its `record()`. And the one
+orchestration (`checked`): the cached path with its self-check, else the naive loop, saying
+why.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import TypeVar
+
+T = TypeVar("T")
 
 NAIVE_LOOP = "every variant was run by the naive loop"
 
@@ -36,3 +43,30 @@ def fell_back(why: str, instead: str = NAIVE_LOOP) -> str:
 def not_tried(why: str, instead: str = NAIVE_LOOP) -> str:
     """Why the cached engine was not tried, and what ran instead."""
     return f"the cached engine cannot run {why}; {instead}"
+
+
+class Fallback(Exception):
+    """The cached path cannot give these numbers; `how` says why (its `fallback` or
+    `why_naive`)."""
+
+    def __init__(self, how: How):
+        super().__init__(how.fallback or how.why_naive)
+        self.how = how
+
+
+def checked(cached: Callable[[], tuple[T, dict]], naive: Callable[[How], T],
+            naive_how: How | None = None) -> tuple[T, dict]:
+    """A sweep's numbers and how they ran (`How.record()`), orchestrated once for every
+    sweep: `cached()` (the cached path, its self-check inside: it raises `Fallback`, or the
+    replay's `steps.ReplayMismatch`, where the check fails or it cannot run), else
+    `naive(how)`, `naive_how` with why."""
+    from blockscope.sweeps.steps import ReplayMismatch
+
+    naive_how = naive_how or How("naive")
+    try:
+        return cached()
+    except ReplayMismatch as exc:
+        how = replace(naive_how, fallback=fell_back(str(exc)))
+    except Fallback as exc:
+        how = replace(naive_how, fallback=exc.how.fallback, why_naive=exc.how.why_naive)
+    return naive(how), how.record()

@@ -29,7 +29,7 @@ import torch
 from blockscope.interventions import applied
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
-from blockscope.sweeps.how import How
+from blockscope.sweeps.how import How, checked
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
@@ -173,15 +173,16 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     acts = {name: c.acts for name, c in held.items()} | {"base": kept.acts}
     if progress:
         progress(total=len(variants))
-    how = How(str(engine)).record()
-    values = None
+    def run_naive(how=None):
+        return naive(model, base, variants, acts, metric, progress)
+
     if engine == "cached":
-        values, how = resume.cached(
+        values, how = checked(lambda: resume.cached(
             model, base, kept, variants, acts, metric,
             lambda v: variant_logits(model, base, v, acts), batch_size=settings.batch_size,
-            progress=progress)
-    if values is None:
-        values = naive(model, base, variants, acts, metric, progress)
+            progress=progress), run_naive)
+    else:
+        values, how = run_naive(), How("naive").record()
     return Outcome(np.stack([v.numpy() for v in values]) if values else
                   np.zeros((0, base.samples)),
                   metric(kept.logits).cpu().numpy(),

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from blockscope.sweeps import engine, loop, replay, selfcheck, steps, unembed
-from blockscope.sweeps.how import How, fell_back, not_tried
+from blockscope.sweeps.how import Fallback, How, fell_back, not_tried
 from blockscope.sweeps.variant import Variant
 
 INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
@@ -62,19 +62,19 @@ def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
 def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric,
            naive_logits: Callable, *, batch_size: int | None = None,
            progress: Callable | None = None):
-    """Each variant's metric (S,) by the position-limited resume, and how it ran; (None,
-    how) where the engine cannot run them or its self-check fails (naive then).
+    """Each variant's metric (S,) by the position-limited resume, and how it ran; raises
+    `how.Fallback` where the engine cannot run them or its self-check fails.
     `naive_logits(variant)`: the naive loop's logits, that the first of each kind is held to."""
     plain = steps.plain_parts(model)
     why = unsupported(model, plain, variants)
     if why is not None:
-        return None, How("naive", why_naive=not_tried(why)).record()
+        raise Fallback(How("naive", why_naive=not_tried(why)))
     r = Resume(model, plain, kept, sources, base.samples)
     tol = 10 * selfcheck.tolerance(kept.pre[0].dtype)
     with torch.inference_mode(), steps.fused_gelu(model):
         off = selfcheck._rel(r.replayed(), kept.pre[-1])
         if off > tol:
-            return None, _fallback(f"the replay of the base run is {off:.1e} off")
+            raise _fallback(f"the replay of the base run is {off:.1e} off")
         firsts = {}
         for i, v in enumerate(variants):
             firsts.setdefault(kind(v), i)
@@ -88,8 +88,8 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
                 if i in firsts.values():
                     off = selfcheck._rel(lg, naive_logits(variants[i]))
                     if off > tol:
-                        return None, _fallback(f"variant {variants[i].label} is {off:.1e} "
-                                               "off the naive loop's")
+                        raise _fallback(f"variant {variants[i].label} is {off:.1e} off "
+                                        "the naive loop's")
                 if progress:
                     progress()
             work += sum(r.work(variants[i]) for i in group)
@@ -98,8 +98,8 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
                     naive_block_positions=len(variants) * base.samples * n * T).record()
 
 
-def _fallback(why: str) -> dict:
-    return How("naive", fallback=fell_back(why)).record()
+def _fallback(why: str) -> Fallback:
+    return Fallback(How("naive", fallback=fell_back(why)))
 
 
 def _groups(variants: Sequence[Variant], size: int) -> list[list[int]]:

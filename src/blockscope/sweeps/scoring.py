@@ -21,9 +21,9 @@ from blockscope.inputs.corpus import as_docs
 from blockscope.inputs.parallel import total
 from blockscope.interventions import resample
 from blockscope.model import arch
-from blockscope.sweeps import clean, engine, selfcheck, stats, steps
+from blockscope.sweeps import clean, engine, selfcheck, stats
 from blockscope.sweeps.entries import shared_skips, start
-from blockscope.sweeps.how import How, fell_back
+from blockscope.sweeps.how import How, checked
 from blockscope.sweeps.naive import (
     activations,
     clean_sums,
@@ -271,16 +271,18 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
     cleans = _cleans(model, ids, wins, prepared, False, prepared_here)
     for c in cleans if on_clean else ():
         on_clean(c)
-    try:
+    def cached():
         nlls, how = engine.engine_nlls(model, ids, starts, wins=wins, cleans=cleans,
                                        batch_size=settings.batch_size, progress=progress)
         if check:
             selfcheck.check_variants(model, ids, wins[0], cleans[0], nlls, variants, starts)
         return nlls, how
-    except steps.ReplayMismatch as exc:
-        # the baseline too: the clean passes scored it through the replayed unembedding
-        return (naive_nlls(model, ids, variants, wins=wins, progress=progress),
-                How("naive", "naive", 1, fallback=fell_back(str(exc))).record())
+
+    # on a fallback the baseline too: the clean passes scored it through the replayed
+    # unembedding
+    return checked(cached, lambda how: naive_nlls(model, ids, variants, wins=wins,
+                                                  progress=progress),
+                   How("naive", "naive", 1))
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:

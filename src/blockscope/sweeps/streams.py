@@ -35,7 +35,7 @@ from blockscope.model import arch
 from blockscope.sweeps import engine, selfcheck, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
 from blockscope.sweeps.entries import start
-from blockscope.sweeps.how import How, fell_back, not_tried
+from blockscope.sweeps.how import Fallback, How, checked, fell_back, not_tried
 from blockscope.sweeps.variant import Variant
 
 KINDS = ("block", "half", "mlp", "attn")  # the entries a single removal takes
@@ -69,13 +69,12 @@ def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
     def made(h):
         return reader(h, rows, targets)
 
-    if engine_name == "cached":
-        why, got = _cached(model, ids, w, chunk, targets, variants, made, clean, batch_size,
-                           progress)
-        if got is not None:
-            return (*got, How().record())
-        return (*_naive(model, chunk, targets, variants, made,
-                        progress=progress if why.why_naive else None), why.record())
+    if engine_name == "cached":  # a fallback's naive reads are not counted again
+        got, how = checked(lambda: (_cached(model, ids, w, chunk, targets, variants, made,
+                                            clean, batch_size, progress), How().record()),
+                           lambda how: _naive(model, chunk, targets, variants, made,
+                                              progress=progress if how.why_naive else None))
+        return (*got, how)
     return (*_naive(model, chunk, targets, variants, made, progress=progress),
             How("naive").record())
 
@@ -146,22 +145,19 @@ def _read(r: Reader, run: dict, targets) -> dict:
 
 def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
             progress=None):
-    """(How with `why_naive`, None) where the engine has no entry for them, (How with
-    `fallback`, None) where it fails its self-check, else (None, reads)."""
+    """(the clean reads, each variant's) by the engine; raises `how.Fallback` (`why_naive`)
+    where the engine has no entry for them, or (`fallback`) where it fails its self-check."""
     lay = arch.layout(model)
     n = model.cfg.n_layers
     starts = [start(model, lay, v) for v in variants]
     if any(s.hooks or s.skips or s.base or s.kind not in KINDS for s in starts):
-        return How("naive", why_naive=not_tried(
+        raise Fallback(How("naive", why_naive=not_tried(
             "these removals here (a hook sits in a block, or the layout's half writes cannot "
-            "be entered)")), None
+            "be entered)")))
     sites = sorted({_site(v.edits[0]) for v in variants} - {None})
     if clean is None or any(name not in clean.acts for name in sites):
         clean = clean_pass(model, ids, w, {*kept_names(lay, n, z=False), *sites})
-    try:
-        plain = selfcheck.verify(model, lay, clean, starts, steps.plain_parts(model))
-    except steps.ReplayMismatch as exc:
-        return How("naive", fallback=fell_back(str(exc))), None
+    plain = selfcheck.verify(model, lay, clean, starts, steps.plain_parts(model))  # or raises
     r = reader(clean.pre[-1][0])
     kept = {"stream": [p[0] for p in clean.pre], "acts": {s: clean.acts[s][0] for s in sites}}
     with torch.inference_mode():
@@ -178,10 +174,10 @@ def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
         for key in ("stream", "change", "final", "logit"):
             off = float((out[i][key] - ref[key]).abs().max()) / scale
             if off > tol:
-                return How("naive", fallback=fell_back(
+                raise Fallback(How("naive", fallback=fell_back(
                     f"variant {variants[i].label}'s {key} is {off:.1e} off the naive "
-                    "loop's")), None
-    return None, (base, out)
+                    "loop's")))
+    return base, out
 
 
 def _resumed(model, lay, clean: Clean, starts, r: Reader, base: dict, plain,
