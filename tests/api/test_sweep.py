@@ -139,8 +139,8 @@ def test_a_wrong_cached_form_falls_back_loudly_to_the_naive_loop(pair, monkeypat
     model, hf = pair
     right = Edit.write
 
-    def wrong(self, act, first, samples, offset, sources):
-        right(self, act, first, samples, offset, sources)
+    def wrong(self, act, first, samples, offset, sources, own=None):
+        right(self, act, first, samples, offset, sources, own)
         if offset > 0:
             act[first:first + samples] *= 1.5
 

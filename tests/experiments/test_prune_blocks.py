@@ -160,12 +160,12 @@ def test_a_slip_in_the_several_blocks_entry_falls_back(tiny, monkeypatch, order,
 def test_shared_skips_are_found_by_value_not_by_object():
     import torch
 
-    from blockscope.interventions import SkipBlock
+    from blockscope.interventions import skip_block
     from blockscope.sweeps.entries import shared_skips
     from blockscope.sweeps.variant import Variant
 
     fill = torch.ones(4)
-    a = Variant({}, (SkipBlock(1), SkipBlock(2, fill), SkipBlock(3)))
-    b = Variant({}, (SkipBlock(1), SkipBlock(2, fill.clone()), SkipBlock(4)))
-    assert shared_skips([a, b]) == (SkipBlock(1), SkipBlock(2, torch.ones(4)))
-    assert SkipBlock(2, fill) != SkipBlock(2, 2 * fill) and SkipBlock(2) != SkipBlock(2, fill)
+    a = Variant({}, (skip_block(1), skip_block(2, fill), skip_block(3)))
+    b = Variant({}, (skip_block(1), skip_block(2, fill.clone()), skip_block(4)))
+    assert shared_skips([a, b]) == (skip_block(1), skip_block(2, torch.ones(4)))
+    assert skip_block(2, fill) != skip_block(2, 2 * fill) and skip_block(2) != skip_block(2, fill)

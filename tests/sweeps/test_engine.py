@@ -344,9 +344,10 @@ def test_a_sign_slip_in_an_entry_is_caught_by_the_variant_check(tiny, ids, slip,
 
 @pytest.mark.parametrize("ids", ["short"], indirect=True)  # checks, not window arithmetic
 @pytest.mark.parametrize("cls, patched", [
-    ("SkipBlock", lambda self, post, pre: 0.5 * (pre + post)),  # half the block's write
-    ("RemoveWrite", lambda self, write: 0.3 * write),  # the half's write scaled, not removed
-    ("ScaleHeads", lambda self, z: z * self.keep.to(z.dtype)[:, None] * 0.5 + 0.5 * z),
+    ("Skip", lambda self, post, pre: 0.5 * (pre + post)),  # half the block's write
+    ("Replace", lambda self, write, source=None: 0.3 * write),  # the write scaled, not removed
+    ("ScaleHeads", lambda self, z, source=None: z * self.keep.to(z.dtype)[:, None] * 0.5
+     + 0.5 * z),
 ])
 def test_apply_is_the_one_statement_of_what_is_written(tiny, ids, cls, patched, monkeypatch):
     """Change an intervention's `apply` alone: the naive loop (its hooks) and the cached
@@ -357,7 +358,7 @@ def test_apply_is_the_one_statement_of_what_is_written(tiny, ids, cls, patched, 
         run = RunSettings(stride=100, engine=engine)
         if cls == "ScaleHeads":
             return heads_sweep(tiny, ids, settings=run)
-        return block_ablation(tiny, ids, part="block" if cls == "SkipBlock" else "mlp",
+        return block_ablation(tiny, ids, part="block" if cls == "Skip" else "mlp",
                               settings=run)
 
     before = sweep()
@@ -376,7 +377,7 @@ def test_a_new_metric_is_one_class_the_engine_reads_off_the_final_residual(tiny,
     token) goes through the engine's one loop for variants entering at several blocks and
     mid-block, and equals the same metric of the hooked model's final residual with each
     intervention's own hooks."""
-    from blockscope.interventions import RemoveWrite, SkipBlock, applied, hooks
+    from blockscope.interventions import applied, hooks, remove_write, skip_block
     from blockscope.model.arch import layout
     from blockscope.sweeps import steps
     from blockscope.sweeps.clean import clean_pass, kept_names
@@ -392,7 +393,7 @@ def test_a_new_metric_is_one_class_the_engine_reads_off_the_final_residual(tiny,
     lay, n = layout(tiny), tiny.cfg.n_layers
     w = model_windows(tiny, ids, 100)[0]
     clean = clean_pass(tiny, ids, w, kept_names(lay, n, z=False))
-    edits = [SkipBlock(0), RemoveWrite("attn", 1), RemoveWrite("mlp", 2)]
+    edits = [skip_block(0), remove_write("attn", 1), remove_write("mlp", 2)]
     starts = [start(tiny, lay, Variant({}, (e,))) for e in edits]
     assert [s.kind for s in starts] == ["block", "attn", "mlp"]
     with torch.inference_mode():

@@ -19,7 +19,7 @@ def mlp(j, x):
 
 
 @dataclass(frozen=True)
-class Skip:  # a toy SkipBlock: the block's output is its input plus 100
+class Skip:  # a toy skipped block: the block's output is its input plus 100
     def apply(self, base, source):
         return source + 100
 

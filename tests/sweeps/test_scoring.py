@@ -32,8 +32,8 @@ def test_an_edit_is_defined_once_as_hooks():
     fill = torch.ones(4, 16)
     (name, _), = hooks([Edit("heads", 2, fill, torch.tensor([1.0, 0, 1, 1]))])
     assert name == "blocks.2.attn.hook_z"
-    assert [n for n, _ in hooks([Edit("block", 1)])] == ["blocks.1.hook_resid_pre",
-                                                          "blocks.1.hook_resid_post"]
+    assert [n for n, _ in hooks([Edit("block", 1)])] == ["blocks.1.hook_resid_post",
+                                                          "blocks.1.hook_resid_pre"]
     assert [n for n, _ in hooks([Edit("mlp", 0)])] == ["blocks.0.hook_mlp_out"]
     with pytest.raises(ValueError):
         Edit("heads", 0)  # heads need `keep`
@@ -100,3 +100,72 @@ def test_a_clean_pass_is_checked_once_per_entry_kinds(tiny, ids, monkeypatch):
     # one window, one set of entry kinds; checked once for steps whose variants run only
     # the plain replay and once for those that bring hooks (the bridge's blocks then run)
     assert len(curve) > 3 and len(calls) <= 2
+
+
+def test_a_removal_sweep_runs_a_users_edit_as_plain_transformers_does(tiny, hf, ids):
+    """An intervention written here alone (a steering vector added to one block's input, and
+    one block's output halved towards its input), as `Edit`s in a removal sweep: both
+    engines give the NLL of the plain HF model with the same change made by torch hooks
+    written here, scored by HF's own loss (`labels=`)."""
+    from dataclasses import dataclass
+
+    from blockscope.interventions import Edit, Site
+    from blockscope.sweeps import scoring
+    from blockscope.sweeps.variant import Variant
+
+    @dataclass(frozen=True)
+    class Steer:
+        vector: torch.Tensor
+
+        def apply(self, base, source=None):
+            return base + self.vector
+
+    @dataclass(frozen=True)
+    class Halfway:  # the block's output halfway back to its input
+        def apply(self, base, source):
+            return 0.5 * (base + source)
+
+    vector = torch.linspace(-2.0, 2.0, tiny.cfg.d_model)
+    variants = [Variant({"edit": "steer"}, (Edit(Site("hook_resid_pre", 1), Steer(vector)),)),
+                Variant({"edit": "halfway"}, (Edit(Site("hook_resid_post", 0), Halfway(),
+                                                   Site("hook_resid_pre", 0)),))]
+    got = {}
+    for engine in ("naive", "cached"):
+        run = RunSettings(stride=100, engine=engine)
+        df = scoring.run(tiny, ids, variants, run, prepared=scoring.prepare(tiny, ids, run))
+        assert "fallback" not in df.attrs["engine"]
+        got[engine] = torch.tensor(df["nll"].tolist()[1:], dtype=torch.float64)
+
+    def out_of(out):  # a block's output: a tensor, or a tuple led by one
+        return out if isinstance(out, torch.Tensor) else out[0]
+
+    def written(out, x):  # the block's output as it returned it, with x in place
+        return x if isinstance(out, torch.Tensor) else (x, *out[1:])
+
+    received = {}
+
+    def keep(module, args, kwargs):
+        received["x"] = args[0] if args else kwargs["hidden_states"]
+
+    def steer(module, args, out):  # block 0's output is block 1's input
+        return written(out, out_of(out) + vector)
+
+    def halfway(module, args, out):
+        return written(out, 0.5 * (out_of(out) + received["x"]))
+
+    block = hf.transformer.h[0]
+    want = []
+    for fn in (steer, halfway):
+        hooks_on = [block.register_forward_pre_hook(keep, with_kwargs=True),
+                    block.register_forward_hook(fn)]
+        try:
+            with torch.inference_mode():
+                loss = hf(ids, labels=ids).loss
+        finally:
+            for h in hooks_on:
+                h.remove()
+        want.append(float(loss))  # the mean NLL per scored token, as the table's `nll`
+    want = torch.tensor(want, dtype=torch.float64)
+    assert (want - float(df["nll"].iloc[0])).abs().min() > 1e-2  # each edit is seen
+    for engine in ("naive", "cached"):
+        assert torch.allclose(got[engine], want, rtol=REL, atol=0), (engine, got, want)

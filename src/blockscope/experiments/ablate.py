@@ -8,7 +8,6 @@ part's mean over positions from the clean run instead of nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import pandas as pd
 
@@ -16,7 +15,7 @@ from blockscope.choices import Method, Part, one_of
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity, spearman
 from blockscope.inputs.corpus import as_docs
-from blockscope.interventions import Resampled, intervention
+from blockscope.interventions import intervention, mean_points, resampled, with_mean
 from blockscope.sweeps import scoring
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
@@ -80,14 +79,14 @@ def removals(model, docs, *, part: str, method: str, layers: list[int],
     """One variant per removed layer (its fill made as `method` says), and the prepared
     clean passes and means they were made from."""
     edits = [intervention(part, i) for i in layers]
-    names = [n for e in edits for n in e.mean_points()] if method == "mean" else []
-    drawn = [e.point for e in edits] if method == "resample" else []
+    names = [n for e in edits for n in mean_points(e)] if method == "mean" else []
+    drawn = [e.site.name for e in edits] if method == "resample" else []
     prepared = scoring.prepare(model, docs, settings, mean_names=names, resample=drawn)
     if method == "mean":
-        edits = [e.with_mean(prepared.means) for e in edits]
+        edits = [with_mean(e, prepared.means) for e in edits]
     if method == "resample":
-        edits = [replace(e, fill=Resampled(e.point)) for e in edits]
-    return [Variant({"layer": e.layer, "part": part, "method": method}, (e,))
+        edits = [resampled(e) for e in edits]
+    return [Variant({"layer": e.site.layer, "part": part, "method": method}, (e,))
             for e in edits], prepared
 
 

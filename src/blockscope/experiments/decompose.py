@@ -138,7 +138,7 @@ def decompose(model, docs, variants, *, part: str, settings: RunSettings = RunSe
             position = np.arange(w.offset, w.end - w.begin) + w.begin
             target = ids[0, w.begin + w.offset : w.end].cpu().numpy()
             for v, g in zip(variants[d], got, strict=True):
-                t = terms(clean, g, v.edits[0].layer, part, n)
+                t = terms(clean, g, v.edits[0].site.layer, part, n)
                 frame = pd.DataFrame({"layer": v.label["layer"], "document": d,
                                       "position": position, "target": target,
                                       "total": t["total"].cpu().numpy(),

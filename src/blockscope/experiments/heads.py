@@ -20,7 +20,7 @@ import torch
 from blockscope.choices import Method, one_of
 from blockscope.errors import BadValue
 from blockscope.inputs.corpus import as_docs
-from blockscope.interventions import Resampled, ScaleHeads
+from blockscope.interventions import Resampled, mean_points, scale_heads
 from blockscope.sweeps import scoring
 from blockscope.sweeps.gradient import gradient_pass
 from blockscope.sweeps.settings import RunSettings
@@ -52,7 +52,7 @@ def prepare_fill(model, docs, method: str, settings: RunSettings,
     (`Resampled`, drawn per document by the sweep)."""
     one_of(Method, method, "method")
     names = [n for i in range(model.cfg.n_layers)  # where each layer's z is read
-             for n in ScaleHeads(i, torch.ones(model.cfg.n_heads)).mean_points()]
+             for n in mean_points(scale_heads(i, torch.ones(model.cfg.n_heads)))]
     if prepared is None:
         prepared = scoring.prepare(model, docs, settings, heads=True,
                                    mean_names=names if method == "mean" else (),
@@ -68,7 +68,7 @@ def prepare_fill(model, docs, method: str, settings: RunSettings,
 
 def _head_sweep(model, docs, items, settings: RunSettings, *, prepared, fill):
     """Score `items` = [(label, layer, keep (n_heads,))], each changing one layer's heads."""
-    variants = [Variant(label, (ScaleHeads(layer, keep, fill[layer] if fill else None),))
+    variants = [Variant(label, (scale_heads(layer, keep, fill[layer] if fill else None),))
                 for label, layer, keep in items]
     return scoring.run(model, docs, variants, settings, prepared=prepared)
 

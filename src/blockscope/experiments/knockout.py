@@ -19,8 +19,9 @@ import torch
 
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.interventions import applied
+from blockscope.interventions import hooks as edit_hooks
 from blockscope.interventions.interchange import Edit, Knockout, Site
-from blockscope.sweeps.interchange import Run, edit_hooks, sweep
+from blockscope.sweeps.interchange import Run, sweep
 from blockscope.sweeps.metrics import TargetProb
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
@@ -84,7 +85,7 @@ def check_reaches_softmax(model, tokens: torch.Tensor, v: Variant) -> None:
     def keep(pattern, hook=None):  # (batch, n_heads, query, key)
         seen["p"] = pattern.detach()
 
-    hooks = edit_hooks(v.edits, 1, {}) + [(f"blocks.{e.site.layer}.attn.hook_pattern", keep)]
+    hooks = edit_hooks(v.edits, 1) + [(f"blocks.{e.site.layer}.attn.hook_pattern", keep)]
     with torch.inference_mode(), applied(model, hooks), warnings.catch_warnings():
         # TransformerLens warns that the edit is discarded; the refusal below says so in
         # one line, so its multi-line warning would only repeat it on the user's stderr

@@ -8,7 +8,7 @@ final norm with its scale frozen at the clean pass (as `logit_lens.attribution`)
 
 - `neurons`: for the MLP layers that write most toward the target, the neurons that add
   most; each value's most promoted and suppressed tokens through the unembedding (Geva
-  2022); and the check the article implies: remove those neurons (`ScaleNeurons`, zero or
+  2022); and the check the article implies: remove those neurons (`scale_neurons`, zero or
   their clean mean over the prompt) and see the target's probability fall, or not.
 Where a norm follows the MLP (Gemma2, OLMo 2) a neuron's write is not linear in the stream,
 and where the MLP adds the residual itself (BLOOM) its write is not its own: both refused.
@@ -22,7 +22,7 @@ import torch
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.logit_lens import _centre, _frozen_readout, attribution, frozen_gain
 from blockscope.inputs.text import token_text
-from blockscope.interventions import ScaleNeurons, applied
+from blockscope.interventions import applied, hooks, scale_neurons
 from blockscope.model.arch import layout
 
 SUM_REL = 1e-4  # the neurons' writes must add up to the MLP's own, relative
@@ -112,11 +112,11 @@ def _removal(model, tokens, cache, position: int, target: int, removed, method: 
         fill = None
         if method == "mean":
             fill = cache[f"blocks.{layer}.mlp.out.hook_in"][0][:, idx].mean(0)  # (k,)
-        edits.append(ScaleNeurons(layer, idx, fill))
+        edits.append(scale_neurons(layer, idx, fill))
     ids = tokens.to(model.cfg.device)
     with torch.inference_mode():
         before = model(ids, return_type="logits")[0, position].float().softmax(-1)[target]
-        with applied(model, [h for e in edits for h in e.hooks()]):
+        with applied(model, hooks(edits)):
             after = model(ids, return_type="logits")[0, position].float().softmax(-1)[target]
     return {"prob_before": float(before), "prob_after": float(after), "method": method,
             "n_removed": sum(len(idx) for _, idx in removed)}

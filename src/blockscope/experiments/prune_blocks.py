@@ -27,7 +27,7 @@ from blockscope.choices import BlockOrder
 from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity
 from blockscope.inputs.corpus import as_docs
-from blockscope.interventions import SkipBlock
+from blockscope.interventions import skip_block
 from blockscope.sweeps import scoring
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
@@ -128,7 +128,7 @@ def block_curve(
     if progress:
         progress(total=len(orders) * top + 1)
         progress()
-    skips = [SkipBlock(i) for i in range(L)]  # one per block
+    skips = [skip_block(i) for i in range(L)]  # one per block
     ranked = {}
     if "ablation" in orders:
         if ablation is None:

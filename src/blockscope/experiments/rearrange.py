@@ -95,7 +95,7 @@ def rearranged(
     docs = as_docs(tokens)
     prepared = scoring.prepare(model, docs, settings)
     variants = [Variant({"arrangement": a.name, "kind": a.name.split()[0], "first": a.first,
-                         "last": a.last, "order": a.order(n_layers)}, (a,))
+                         "last": a.last, "order": a.order(n_layers)}, order=a)
                 for a in arrangements]
     df = scoring.run(model, docs, variants, settings, prepared=prepared)
     df.loc[0, ["arrangement", "kind", "order"]] = ["none", "none",

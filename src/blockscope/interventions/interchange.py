@@ -11,7 +11,13 @@ serves every sample):
 - `hook_resid_pre`, `hook_resid_post`, `hook_resid_mid`, `hook_attn_out`, `hook_mlp_out`,
   and `hook_embed` (layer None): (batch, pos, d_model) at `positions`;
 - `attn.hook_z`: (batch, pos, n_heads, d_head) at `positions`, one `head` or all;
-- `attn.hook_attn_scores`: (batch, n_heads, query, key) at queries `positions` and `keys`.
+- `attn.hook_attn_scores`: (batch, n_heads, query, key) at queries `positions` and `keys`;
+- `mlp.hook_post`: (batch, pos, d_mlp) at `positions`, what the MLP's output projection
+  reads (some families flatten batch and position there: an edit must then take every
+  row and position).
+
+An edit's source is another run by name, a tensor, nothing, or a `Site` of its own run that
+the forward has already passed (a skipped block reads its input: `interventions.skip_block`).
 
 A new intervention is one class with `apply`; no engine change.
 """
@@ -25,7 +31,7 @@ import torch
 from blockscope.interventions.value import Value
 
 POINTS = ("hook_embed", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_out",
-          "hook_resid_post", "attn.hook_z", "attn.hook_attn_scores")
+          "hook_resid_post", "attn.hook_z", "attn.hook_attn_scores", "mlp.hook_post")
 HEADED = ("attn.hook_z", "attn.hook_attn_scores")  # sites with a head axis
 
 
@@ -115,27 +121,47 @@ class Knockout:
 @dataclass(frozen=True, eq=False)
 class Edit(Value):
     """An intervention at a site, reading `source`: the name of a run whose activation at
-    the same site it takes, a tensor (batch or 1, *selected shape), or None."""
+    the same site it takes, a tensor (batch or 1, *selected shape), a `Site` of the same run
+    (its activation there, selected at that site), or None."""
 
     site: Site
     intervention: object  # anything with apply(base, source) -> activation'
-    source: str | torch.Tensor | None = None
+    source: str | torch.Tensor | Site | None = None
 
-    def write(self, act: torch.Tensor, first: int, samples: int, offset: int,
-              sources: dict) -> None:
+    def write(self, act: torch.Tensor, first: int, samples: int | None, offset: int,
+              sources: dict, own: dict | None = None) -> None:
         """Write `apply(base, source)` into `act` (batch, ...) in place, at the site, in the
-        batch rows first..first+samples-1 (the run's samples 0..samples-1, in order), its
-        positions counted from `offset`: one indexed write for all the rows."""
-        rows = act[first : first + samples]  # a view: (S, ...)
+        batch rows first..first+samples-1 (the run's samples 0..samples-1, in order; None:
+        every row), its positions counted from `offset`: one indexed write for all the rows.
+        `own`: the run's activations at the sites its edits read from it (name -> act)."""
+        if act.dim() == 2 and self.site.point == "mlp.hook_post" and (
+                samples is not None or self.site.positions is not None):
+            raise ValueError(f"{self.site.name} flattens batch and position in this family: "
+                             "an edit there takes every row and position")
+        rows = act[first : None if samples is None else first + samples]  # a view: (S, ...)
         idx = (slice(None), *self.site.index(offset))
-        rows[idx] = self.intervention.apply(rows[idx], self.source_of(sources, samples))
+        rows[idx] = self.intervention.apply(rows[idx], self.source_of(sources, samples, own))
 
-    def source_of(self, sources: dict, samples: int):
-        """This edit's source for samples 0..samples-1, selected at the site: (S or 1,
-        *selected), or None."""
+    def written(self, act: torch.Tensor, samples: int | None, sources: dict,
+                own: dict | None = None) -> torch.Tensor:
+        """`act` (batch, ...) with this edit written: `apply(act, source)` itself where the
+        site selects every row, position and head (out of place: a gradient flows through
+        it, as through a head mask), else a copy with the selected values written."""
+        if samples is None and self.site.positions is None and self.site.head is None:
+            return self.intervention.apply(act, self.source_of(sources, samples, own))
+        act = act.clone()
+        self.write(act, 0, samples, 0, sources, own)
+        return act
+
+    def source_of(self, sources: dict, samples: int | None, own: dict | None = None):
+        """This edit's source for samples 0..samples-1 (None: every row), selected at the
+        site (at its own site, for a `Site` source): (S or 1, *selected), or None."""
         if self.source is None:
             return None
         if isinstance(self.source, torch.Tensor):
             return self.source[:samples]  # (batch or 1, *selected)
+        if isinstance(self.source, Site):
+            return (own or {})[self.source.name][:samples][
+                (slice(None), *self.source.index(0))]
         act = sources[self.source][self.site.name]  # (batch or 1, ...) the whole run's
         return act[:samples][(slice(None), *self.site.index(0))]

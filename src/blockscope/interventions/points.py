@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from blockscope.interventions.interchange import Site
+
 Hook = tuple[str, Callable]  # (hook point name, or a BlockPreHook; the function)
 
 
@@ -19,9 +21,35 @@ class BlockPreHook:
     layer: int
 
 
-def hooks(edits) -> list[Hook]:
-    """The hooks that carry out `edits` (each one's `apply`): what the naive loop runs."""
-    return [h for e in edits for h in e.hooks()]
+def hooks(edits, samples: int | None = None, sources: dict | None = None) -> list[Hook]:
+    """The hooks that carry out `edits` (`interchange.Edit`s), the one function every naive
+    loop runs: at each site, the activation with each edit's `apply(base, source)` written
+    in turn (`Edit.written`), in the batch's first `samples` rows (None: every row). `sources`: the
+    other runs' activations (run -> name -> act). A site an edit reads in its own run (a
+    skipped block's input) is kept as the forward passes it, after any edit there."""
+    sources = sources or {}
+    own: dict = {}  # name -> this forward's activation, at the sites edits read from it
+    by_name: dict[str, list] = {}
+    for e in edits:
+        by_name.setdefault(e.site.name, []).append(e)
+
+    def write(group):
+        def hook(act, hook=None):
+            for e in group:
+                act = e.written(act, samples, sources, own)
+            return act
+
+        return hook
+
+    def keep(name):
+        def hook(act, hook=None):
+            own[name] = act
+
+        return hook
+
+    read = sorted({e.source.name for e in edits if isinstance(e.source, Site)})
+    return [*[(name, write(group)) for name, group in by_name.items()],
+            *[(name, keep(name)) for name in read]]
 
 
 @contextmanager

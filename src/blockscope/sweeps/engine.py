@@ -61,9 +61,9 @@ class Start:
     #   block's output = input + attention write + MLP write)
     kind: str = "hooked"  # the entry's form ("block", "blocks", "half", "mlp", "attn",
     #   "heads", "hooked"): selfcheck.check_variants holds the first of each to the hooked model
-    skips: dict = field(default_factory=dict)  # layer -> SkipBlock: later blocks this
-    #   variant also skips (several blocks removed at once)
-    base: tuple = ()  # SkipBlocks the variant shares with the others of its sweep: `resid`
+    skips: dict = field(default_factory=dict)  # layer -> Skip: later blocks this variant
+    #   also skips (several blocks removed at once)
+    base: tuple = ()  # skip_block edits the variant shares with the others of its sweep: `resid`
     #   reads the pass of the model without them (`pruned`), computed once per window
     with_plain: bool = False  # `resid(clean, plain)` runs blocks itself (a rearrangement)
 
@@ -72,7 +72,7 @@ def run_group(model, lay, clean: Clean, entries: Sequence[tuple], plain: list | 
               metric=None, watch: Callable | None = None) -> list:
     """Score rows for variants entering the stack at `(layer, mid, x[, skips])`: block
     `layer` (its MLP half if `mid`) with residual x (1, T, d_model), then skipping the
-    blocks in `skips` (layer -> SkipBlock). They run through the one resume loop
+    blocks in `skips` (layer -> Skip). They run through the one resume loop
     (`loop.resume`) as one batch that grows block by block as variants join it, then the
     metric reads the final residuals.
 
@@ -189,7 +189,7 @@ def _entering(v: Start, clean: Clean, plain) -> torch.Tensor:
 
 
 def pruned(model, clean: Clean, base: tuple, plain) -> Clean:
-    """`clean` as the model without the blocks `base` skips (SkipBlocks) would have run it:
+    """`clean` as the model without the blocks `base` skips (skip_block edits) would have run it:
     `pre` holds that model's block inputs (the rest is the clean pass's). Computed once per
     window and base (kept on `clean`), from the first skipped block on; `clean` if no base."""
     if not base:
@@ -198,7 +198,7 @@ def pruned(model, clean: Clean, base: tuple, plain) -> Clean:
     if held is not None and len(held[0]) == len(base) and held[1] == (plain is not None) and all(
             a == b for a, b in zip(held[0], base, strict=True)):
         return held[2]
-    skip = {e.layer: e for e in base}
+    skip = {e.site.layer: e.intervention for e in base}
     lo = min(skip)
     pre = list(clean.pre)
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from blockscope.interventions import applied
+from blockscope.interventions import hooks as edit_hooks
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
 from blockscope.sweeps.how import How, checked
@@ -65,25 +66,6 @@ class Outcome:
     how: dict = field(default_factory=dict)
 
 
-def edit_hooks(edits: Sequence[Edit], samples: int, sources: dict) -> list:
-    """TransformerLens hooks that write each edit's `apply(base, source)` at its site, in
-    every sample (the naive loop's; the run's own edits go first)."""
-    by_name: dict[str, list[Edit]] = {}
-    for e in edits:
-        by_name.setdefault(e.site.name, []).append(e)
-
-    def hook_for(group):
-        def hook(act, hook=None):
-            act = act.clone()
-            for e in group:
-                e.write(act, 0, samples, 0, sources)
-            return act
-
-        return hook
-
-    return [(name, hook_for(group)) for name, group in by_name.items()]
-
-
 def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False
             ) -> Captured:
     """One forward of `run` (its edits on), keeping the hook points `names` (as edited) and,
@@ -102,7 +84,7 @@ def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False
 
         return hook
 
-    hooks = edit_hooks(run.edits, run.samples, {})
+    hooks = edit_hooks(run.edits, run.samples)
     hooks += [(name, keep(name)) for name in sorted(set(names))]
     handles = []
     if blocks:
@@ -142,6 +124,7 @@ def variant_logits(model, base: Run, v: Variant, sources: dict) -> torch.Tensor:
     """The last position's logits (S, d_vocab) of the base run with `v`'s edits on."""
     tokens = base.tokens.to(model.cfg.device).expand(base.samples, -1)
     hooks = edit_hooks((*base.edits, *v.edits), base.samples, sources)
+    hooks += v.order.hooks() if v.order is not None else []
     with torch.inference_mode(), applied(model, hooks):
         return model(tokens, return_type="logits")[:, -1].float()
 

@@ -8,7 +8,7 @@ how one block runs (`step`) and which rows enter where (`entering`); the loop it
 this one:
 
     for j in first..n:  rows entering before block j join the batch
-                        rows skipping block j sit it out (their output: the SkipBlock's)
+                        rows skipping block j sit it out (their output: the Skip's)
                         block j runs (rows entering after its attention half join there)
                         the rows that sat it out rejoin; `watch` sees the batch
 """
@@ -33,7 +33,7 @@ def resume(n: int, first: int, entering: Entering, step: Step, *,
     """Carry rows from block `first` to the end of an n-block stack: (the final residual
     (B, Tq, d_model), the key of each of its rows, in row order).
 
-    skipping(key, j) -> the SkipBlock a row sits block j out with, or None.
+    skipping(key, j) -> the Skip a row sits block j out with, or None.
     watch(j, x, keys): called with every block's output (what block j+1 receives)."""
     keys: list = []
 
@@ -58,7 +58,7 @@ def resume(n: int, first: int, entering: Entering, step: Step, *,
 
 def _hold(x, keys: list, skipping, j: int):
     """Take out of the batch x the rows that sit block j out: (the rest, the held rows as
-    [(key, its output: the SkipBlock's apply to what it received)]). `keys` follows."""
+    [(key, its output: the Skip's apply to what it received)]). `keys` follows."""
     if x is None or skipping is None:
         return x, []
     skip = [skipping(k, j) for k in keys]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from blockscope.inputs.text import Window, windows
-from blockscope.interventions import applied, hooks
+from blockscope.interventions import applied
 from blockscope.sweeps.variant import Progress, Variant
 
 
@@ -178,7 +178,7 @@ def naive_nlls(
                 rows[0].append(torch.stack([base, torch.zeros_like(base)]))
                 clean = CleanDistribution(clean)
             for i, v in enumerate(variants, 1):
-                with applied(model, hooks(v.edits)):
+                with applied(model, v.hooks()):
                     logits = model(chunk, return_type="logits")[0, lo - 1 : -1]
                 lse = _lse(logits)  # (n,): the NLL's and the KL's
                 nll = nll_of(logits, chunk[0, lo:], lse).cpu()

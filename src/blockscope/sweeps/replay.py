@@ -117,7 +117,7 @@ def scaled(z: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     replay to the hooked model)."""
     if keep is None:
         return z
-    return ScaleHeads(-1, keep).apply(z.transpose(1, 2)).transpose(1, 2)
+    return ScaleHeads(keep).apply(z.transpose(1, 2)).transpose(1, 2)
 
 
 def kept_heads(keep: torch.Tensor | None, width: int):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from blockscope.interventions import Site
 from blockscope.sweeps import engine, loop, replay, selfcheck, steps, unembed
 from blockscope.sweeps.how import Fallback, How, fell_back, not_tried
 from blockscope.sweeps.variant import Variant
@@ -51,7 +52,13 @@ def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
     for v in variants:
         if not v.edits:
             return "a variant without edits"
+        if v.order is not None:
+            return "a variant with a block order"
         for e in v.edits:
+            if isinstance(e.source, Site):
+                return f"an edit reading {e.source.name} of its own run"
+            if e.site.point == "mlp.hook_post":
+                return "an edit at mlp.hook_post (inside the MLP)"
             if e.site.point == "hook_embed":
                 return "an edit at hook_embed (before the position embeddings)"
             if e.site.point == "hook_resid_mid" and plain[e.site.layer].parallel:

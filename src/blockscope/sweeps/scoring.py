@@ -128,7 +128,8 @@ def resampled(model, docs, k: int, variants: Sequence[Variant], prepared: Prepar
     acts = activations(model, other, prepared.resample)  # name -> (T_partner, ...)
     n = docs.ids[k].shape[-1]
     acts = {name: a[torch.arange(n) % a.shape[0]] for name, a in acts.items()}  # (n, ...)
-    return [Variant(v.label, tuple(resample(e, acts) for e in v.edits)) for v in variants]
+    return [Variant(v.label, tuple(resample(e, acts) for e in v.edits), v.order)
+            for v in variants]
 
 
 def pairing(docs, prepared: Prepared) -> dict:

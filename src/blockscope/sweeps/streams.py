@@ -30,7 +30,7 @@ from typing import Protocol
 
 import torch
 
-from blockscope.interventions import applied, hooks
+from blockscope.interventions import applied, component, hooks
 from blockscope.model import arch
 from blockscope.sweeps import engine, selfcheck, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
@@ -82,7 +82,7 @@ def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
 def _site(e) -> str | None:
     """Where a removal's write is captured: a half's hook point; None for a skipped block,
     whose output is the next block's input."""
-    return None if e.component == "block" else e.point
+    return None if component(e) == "block" else e.site.name
 
 
 def _naive(model, chunk, targets, variants, reader, base: tuple | None = None,
@@ -105,7 +105,8 @@ def _naive(model, chunk, targets, variants, reader, base: tuple | None = None,
         if _site(e) is not None:  # a half's write, captured where the edit wrote it
             got["change"] = r(run["acts"][_site(e)] - run0["acts"][_site(e)])
         else:  # a skipped block: its output, which the next block receives
-            got["change"] = got["stream"][e.layer + 1] - clean["stream"][e.layer + 1]
+            k = e.site.layer
+            got["change"] = got["stream"][k + 1] - clean["stream"][k + 1]
         out.append(got)
         if progress is not None:
             progress()
