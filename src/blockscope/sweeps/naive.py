@@ -47,9 +47,9 @@ def nll_of(logits: torch.Tensor, targets: torch.Tensor,
     them: logsumexp with the exponentials summed in float64, as the engine's blocked
     unembedding sums them. (float32 `log_softmax` over 49,152 logits is biased by about
     -9e-6 nats per token on the CPU, the whole margin the engines are held to.) `lse`: the
-    logits' logsumexp (`_lse`), if already at hand."""
+    logits' logsumexp (`logsumexp64`), if already at hand."""
     logits = logits if logits.dtype == torch.float64 else logits.float()
-    lse = _lse(logits) if lse is None else lse
+    lse = logsumexp64(logits) if lse is None else lse
     return lse - logits.gather(-1, targets[:, None])[:, 0].double()
 
 
@@ -60,7 +60,7 @@ class CleanDistribution:
     float64)."""
 
     def __init__(self, logits: torch.Tensor):
-        lse = _lse(logits)  # (k,)
+        lse = logsumexp64(logits)  # (k,)
         logits = logits.float()
         self.p = (logits - lse.float()[:, None]).exp_()  # (k, d_vocab)
         self.own = (self.p * logits).sum(-1, dtype=torch.float64) - lse  # sum p log p
@@ -68,10 +68,10 @@ class CleanDistribution:
     def kl(self, logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
         """KL(p_clean || softmax(logits)) (k,) float64 (`lse`: the logits' own, if known)."""
         cross = (self.p * logits.float()).sum(-1, dtype=torch.float64)
-        return self.own - cross + (_lse(logits) if lse is None else lse)
+        return self.own - cross + (logsumexp64(logits) if lse is None else lse)
 
 
-def _lse(logits: torch.Tensor) -> torch.Tensor:
+def logsumexp64(logits: torch.Tensor) -> torch.Tensor:
     """logsumexp (k,) float64 of logits (k, d_vocab) (float32 unless float64): a max, then
     the exponentials summed in float64, as the engine's blocked unembedding sums them."""
     logits = logits if logits.dtype == torch.float64 else logits.float()
@@ -180,7 +180,7 @@ def naive_nlls(
             for i, v in enumerate(variants, 1):
                 with applied(model, v.hooks()):
                     logits = model(chunk, return_type="logits")[0, lo - 1 : -1]
-                lse = _lse(logits)  # (n,): the NLL's and the KL's
+                lse = logsumexp64(logits)  # (n,): the NLL's and the KL's
                 nll = nll_of(logits, chunk[0, lo:], lse).cpu()
                 div = (clean.kl(logits, lse).cpu() if kl
                        else torch.full_like(nll, math.nan))
