@@ -147,6 +147,7 @@ def naive_nlls(
     wins: Sequence[Window],
     reference: Sequence | None = None,
     baseline_nll: torch.Tensor | None = None,
+    metric,
     progress: Progress | None = None,
 ) -> list[torch.Tensor]:
     """Per-token scores `(2, n_scored)` float64 of the clean model, then of each variant
@@ -156,7 +157,8 @@ def naive_nlls(
     reference.
 
     `reference`: the baseline's passes per window (`clean.Clean` with `logits`), reused;
-    `baseline_nll`: the baseline NLL, when only the NLL is wanted (the KL row is then NaN)."""
+    `baseline_nll`: the baseline NLL, when only the NLL is wanted (the KL row is then NaN).
+    `metric`: what each variant's logits are read as (`metrics.NllKl()`: its `of_logits`)."""
     if progress:
         progress(total=len(variants) * len(wins) + 1)
     kl = baseline_nll is None
@@ -180,11 +182,7 @@ def naive_nlls(
             for i, v in enumerate(variants, 1):
                 with applied(model, v.hooks()):
                     logits = model(chunk, return_type="logits")[0, lo - 1 : -1]
-                lse = logsumexp64(logits)  # (n,): the NLL's and the KL's
-                nll = nll_of(logits, chunk[0, lo:], lse).cpu()
-                div = (clean.kl(logits, lse).cpu() if kl
-                       else torch.full_like(nll, math.nan))
-                rows[i].append(torch.stack([nll, div]))
+                rows[i].append(metric.of_logits(logits, chunk[0, lo:], clean if kl else None))
                 if progress:
                     progress()
     if progress:

@@ -24,6 +24,7 @@ from blockscope.model import arch
 from blockscope.sweeps import clean, engine, selfcheck, stats
 from blockscope.sweeps.entries import shared_skips, start
 from blockscope.sweeps.how import How, checked
+from blockscope.sweeps.metrics import NllKl
 from blockscope.sweeps.naive import (
     activations,
     clean_sums,
@@ -267,7 +268,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
             prepared_here or on_clean) else None
         for c in refs if on_clean else ():
             on_clean(c)
-        return (naive_nlls(model, ids, variants, wins=wins, reference=refs,
+        return (naive_nlls(model, ids, variants, wins=wins, reference=refs, metric=NllKl(),
                            progress=progress), How("naive", "naive", 1).record())
     cleans = _cleans(model, ids, wins, prepared, False, prepared_here)
     for c in cleans if on_clean else ():
@@ -282,7 +283,7 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
     # on a fallback the baseline too: the clean passes scored it through the replayed
     # unembedding
     return checked(cached, lambda how: naive_nlls(model, ids, variants, wins=wins,
-                                                  progress=progress),
+                                                  metric=NllKl(), progress=progress),
                    How("naive", "naive", 1))
 
 

@@ -26,6 +26,7 @@ from blockscope.inputs.text import Window
 from blockscope.model import adapters
 from blockscope.sweeps import replay, steps, unembed
 from blockscope.sweeps.clean import Clean
+from blockscope.sweeps.metrics import NllKl
 from blockscope.sweeps.naive import naive_nlls
 from blockscope.sweeps.replay_rotary import ReplayArgsMissing
 from blockscope.sweeps.steps import ReplayMismatch
@@ -253,7 +254,7 @@ def check_variants(model, ids, w: Window, c: Clean, nlls: list[torch.Tensor], va
     n = min(CHECKED_TOKENS, w.end - w.first_target)
     prefix = Window(w.begin, w.first_target + n, w.first_target)
     want = naive_nlls(model, ids, [variants[i] for i in firsts.values()], wins=[prefix],
-                      baseline_nll=nlls[0][0, :n])
+                      baseline_nll=nlls[0][0, :n], metric=NllKl())
     limit = 8 * tolerance(model.cfg.dtype)
     for (kind, i), reference in zip(firsts.items(), (w[0] for w in want[1:]), strict=True):
         got = nlls[i + 1][0, :n]
