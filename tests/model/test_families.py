@@ -233,6 +233,8 @@ def test_gradient_pass_through_the_plain_replay_equals_the_hooked_model(fam):
         slow = gradient_pass(model, ids, keep=keep)
         assert fast[2].how["replay"] == ("plain" if family in PLAIN else "bridge"), fast[2].how
         assert "fallback" not in fast[2].how and slow[2].how["replay"] == "bridge"
+        assert ("why_naive" in fast[2].how) == (family not in PLAIN)  # said why not
+        assert "clean passes" in slow[2].how["why_naive"]
         assert torch.allclose(fast[0], slow[0], rtol=REL, atol=REL * float(slow[0].max()))
         assert fast[2].sums == pytest.approx(slow[2].sums, rel=REL)
         assert not fast[0][keep == 0].any() and not slow[0][keep == 0].any()

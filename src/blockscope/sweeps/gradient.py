@@ -3,8 +3,9 @@ multiplying each head's z, with the weights frozen, and the NLL of the same pass
 
 The second way through the stack beside `scoring.scores`: the plain replay with the mask
 applied to each head's z (`interventions.ScaleHeads.apply`), once
-`selfcheck.gradient_replay` has held it to the hooked model on each window; otherwise, and
-on any mismatch (said in `how["fallback"]`), the hooked bridge. Each window's KL from the
+`selfcheck.gradient_replay` has held it to the hooked model on each window; otherwise
+(said in `how["why_naive"]`), and on any mismatch (said in `how["fallback"]`), the hooked
+bridge, each window through the one orchestration (`how.checked`). Each window's KL from the
 clean distribution is read off the same pass's final residual (`unembed.final_nll` with the
 clean pass's `Reference`; a clean pass of the window is run for it where none is cached).
 """
@@ -18,7 +19,7 @@ from blockscope.inputs.parallel import total
 from blockscope.interventions import applied, mask_heads
 from blockscope.model import arch
 from blockscope.sweeps import clean, replay, scoring, selfcheck, unembed
-from blockscope.sweeps.how import How, fell_back
+from blockscope.sweeps.how import Fallback, How, checked, fell_back, not_tried
 from blockscope.sweeps.naive import model_windows, window_nll
 from blockscope.sweeps.steps import fused_gelu
 
@@ -47,8 +48,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
         p.requires_grad_(False)  # frozen weights: only the mask gets a gradient
     # per document, in float64 on the CPU: joined in corpus order (`parallel.total`), the
     # same sum whichever ranks' documents it gathers
-    grads, units = [], []
-    replays, fallback = set(), None
+    grads, units, hows = [], [], []
     try:
         with torch.enable_grad():
             for index, ids in zip(docs.index, docs.ids, strict=True):
@@ -56,40 +56,14 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                 summed = torch.zeros(mask.shape, dtype=torch.float64)
                 n_scored = 0
                 for wi, w in enumerate(model_windows(model, ids, stride)):
-                    plain = ran = None
-                    final: list[torch.Tensor] = []  # what ln_final received, pass by pass
-                    # (a torch pre-hook, not a hook point: the replay runs only unhooked)
-                    handle = model.ln_final.register_forward_pre_hook(
-                        lambda m, args, final=final: final.append(args[0].detach()))
-                    try:
-                        if cleans is not None:  # `ran`: the check's own pass, if it just ran
-                            plain, why, ran = selfcheck.gradient_replay(model, lay, cleans[wi],
-                                                                        mask)
-                            if why:
-                                fallback = why
-                        if ran is not None:
-                            nll, grad = ran
-                        elif plain is not None:
-                            with fused_gelu(model):
-                                nll = replay.masked_nll(model, plain, cleans[wi], mask,
-                                                        lay.softcap)
-                        else:
-                            with applied(model, mask_heads(mask)):
-                                nll = window_nll(model, ids, w)  # (n_scored,)
-                    finally:
-                        handle.remove()
-                    # the pass scored: the check ran the replay, then the hooked model, and
-                    # `ran` is the hooked model's unless the replay agreed
-                    x = final[1 if ran is not None and plain is None else 0]
-                    replays.add("plain" if plain is not None else "bridge")
-                    if ran is None:
-                        (grad,) = torch.autograd.grad(nll.sum(), mask)
+                    c = cleans[wi] if cleans is not None else None
+                    (nll, grad, x), how = _window(model, lay, ids, w, c, mask)
+                    hows.append(how)
                     summed += (grad.abs() * (mask.detach() != 0)).double().cpu()  # removed: 0
                     n_scored += nll.numel()
                     div = torch.full((nll.numel(),), float("nan"), dtype=torch.float64)
                     if kl:
-                        ref = cleans[wi] if cleans is not None else clean.clean_pass(
-                            model, ids, w)
+                        ref = c if c is not None else clean.clean_pass(model, ids, w)
                         div = _kl(model, lay, ref, x, nll.detach())
                     nlls.append(torch.stack([nll.detach().double().cpu(), div]))
                 units += scoring.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
@@ -100,12 +74,60 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     joined = total(docs.comm, grads)
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
-    how = How("cached" if "plain" in replays else "naive",
-              "+".join(sorted(replays, reverse=True)), 1,
-              fallback=None if fallback is None else fell_back(
-                  fallback, "the gradients ran through the bridge")).record()
+    how = scoring.merged_how(hows)
     scored = scoring.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
     return importance, normalised, scored
+
+
+BRIDGE = "the gradients ran through the bridge"
+
+
+def _window(model, lay, ids: torch.Tensor, w, c: clean.Clean | None, mask: torch.Tensor):
+    """((NLL (n_scored,), gradient (n_layers, n_heads), final residual (1, T, d_model)), how)
+    of window `w` with each head's z scaled by `mask`: by the plain replay of its clean pass
+    `c` once `selfcheck.gradient_replay` has held it to the hooked model, else (no clean
+    pass held, no plain replay, or a mismatch, said in `how`) through the hooked bridge
+    (`how.checked`, the one orchestration)."""
+    final: list[torch.Tensor] = []  # what ln_final received, pass by pass (a torch
+    # pre-hook, not a hook point: the replay runs only unhooked)
+    handle = model.ln_final.register_forward_pre_hook(
+        lambda m, args: final.append(args[0].detach()))
+    checked_pass: list = []  # the hooked model's (NLL, gradient), where the check ran it
+
+    def replayed():
+        if c is None:
+            raise Fallback(How(why_naive=not_tried("the head-mask gradient without the one "
+                                                   "document's clean passes", BRIDGE)))
+        plain, why, ran = selfcheck.gradient_replay(model, lay, c, mask)
+        if why:
+            if ran is not None:  # checked on this call: its hooked pass is the one to use
+                checked_pass.append(ran)
+            raise Fallback(How(fallback=fell_back(why, BRIDGE)))
+        if plain is None:
+            raise Fallback(How(why_naive=not_tried(
+                "the head-mask gradient here (a hook in a block or on the unembedding, or a "
+                "family without a plain replay)", BRIDGE)))
+        if ran is not None:  # the check's own replay pass, which agreed
+            nll, grad = ran
+        else:
+            with fused_gelu(model):
+                nll = replay.masked_nll(model, plain, c, mask, lay.softcap)
+            (grad,) = torch.autograd.grad(nll.sum(), mask)
+        return (nll, grad, final[0]), How("cached", "plain", 1).record()
+
+    def bridged(how):
+        if checked_pass:  # the check ran the replay, then the hooked model: the second
+            nll, grad = checked_pass[0]
+            return nll, grad, final[-1]
+        with applied(model, mask_heads(mask)):
+            nll = window_nll(model, ids, w)  # (n_scored,)
+        (grad,) = torch.autograd.grad(nll.sum(), mask)
+        return nll, grad, final[-1]
+
+    try:
+        return checked(replayed, bridged, How("naive", "bridge", 1))
+    finally:
+        handle.remove()
 
 
 def _kl(model, lay, c: clean.Clean, x: torch.Tensor, nll: torch.Tensor) -> torch.Tensor:

@@ -296,8 +296,8 @@ def _reference(model, ids, wins) -> list[clean.Clean]:
 
 
 def merged_how(hows: list[dict]) -> dict:
-    """How the documents ran, as one record: every engine and replay, the largest batch, any
-    fallback."""
+    """How the documents (or windows) ran, as one record: every engine and replay, the
+    largest batch, any fallback and any reason the cached engine was not tried."""
     def joined(key):
         return "+".join(sorted({part for h in hows for part in engine_of(h, key).split("+")},
                                reverse=True))
@@ -305,6 +305,8 @@ def merged_how(hows: list[dict]) -> dict:
     def engine_of(h, key):  # a unit kept by an earlier version has no `engine`
         return h.get(key) or ("naive" if h["replay"] == "naive" else "cached")
 
-    fallbacks = sorted({h["fallback"] for h in hows if "fallback" in h})
+    def said(key):
+        return "; ".join(sorted({h[key] for h in hows if key in h})) or None
+
     return How(joined("engine"), joined("replay"), max(h["batch_size"] for h in hows),
-               fallback="; ".join(fallbacks) if fallbacks else None).record()
+               fallback=said("fallback"), why_naive=said("why_naive")).record()
