@@ -21,6 +21,8 @@ __all__ = [
     # the extension API: your own variants and metrics on the engine (docs/extending.md)
     "AddNoise", "Edit", "EngineFallback", "Knockout", "LogitDiff", "Patch", "Run", "Site",
     "TargetLogProb", "TargetProb", "Variant", "sweep",
+    # the removals, as edits (docs/extending.md)
+    "remove_write", "scale_heads", "scale_neurons", "skip_block",
 ]
 _EXTENSION = {  # name -> the module that holds it
     "AddNoise": "blockscope.interventions.interchange",
@@ -33,6 +35,10 @@ _EXTENSION = {  # name -> the module that holds it
     "LogitDiff": "blockscope.sweeps.metrics",
     "TargetLogProb": "blockscope.sweeps.metrics",
     "TargetProb": "blockscope.sweeps.metrics",
+    "remove_write": "blockscope.interventions.removals",
+    "scale_heads": "blockscope.interventions.removals",
+    "scale_neurons": "blockscope.interventions.removals",
+    "skip_block": "blockscope.interventions.removals",
     "EngineFallback": "blockscope.api.sweep",
     "sweep": "blockscope.api.sweep",
 }

@@ -134,7 +134,8 @@ def test_the_public_face_is_what_docs_python_md_documents():
                             re.M)
     assert sorted(bs.__all__) == sorted(documented)
     extension = {"AddNoise", "Edit", "EngineFallback", "Knockout", "LogitDiff", "Patch", "Run",
-                 "Site", "TargetLogProb", "TargetProb", "Variant"}
+                 "Site", "TargetLogProb", "TargetProb", "Variant", "remove_write",
+                 "scale_heads", "scale_neurons", "skip_block"}
     assert set(bs.__all__) == {"BlockscopeError", "Result", "load", "sweep", *extension,
                                *face.faces()}
     assert set(face.faces()) == {n.replace("-", "_") for n in [*CASES, "reproduce"]}

@@ -32,7 +32,7 @@ import torch
 
 from blockscope.api.result import MAIN, Result
 from blockscope.errors import BadValue
-from blockscope.interventions.interchange import Edit
+from blockscope.interventions.interchange import Edit, Site
 from blockscope.sweeps.interchange import Run
 from blockscope.sweeps.variant import Variant
 
@@ -132,7 +132,7 @@ def _variant(v) -> Variant:
         if not callable(getattr(e.intervention, "apply", None)):
             raise BadValue(f"variant {label}: {type(e.intervention).__name__} has no "
                            "apply(base, source)")
-    return Variant(label, edits)
+    return Variant(label, edits, v.order)
 
 
 def _tokens(model, run: Run, name: str, prepend_bos: bool) -> Run:
@@ -161,8 +161,8 @@ def _check_sites(model, variants: Sequence[Variant], base: Run, T: int) -> None:
     """Every edit within the model: its layer, positions and head."""
     cfg = model.cfg
     for v in variants:
-        for e in (*base.edits, *v.edits):
-            s = e.site
+        edits = (*base.edits, *v.edits)
+        for s in [e.site for e in edits] + [e.source for e in edits if isinstance(e.source, Site)]:
             where = f"variant {v.label}: site {s.name}"
             if s.layer is not None and not 0 <= s.layer < cfg.n_layers:
                 raise BadValue(f"{where}: layer {s.layer} is outside 0..{cfg.n_layers - 1}")
