@@ -41,8 +41,7 @@ from blockscope.sweeps.clean import Clean, clean_pass, kept_names
 from blockscope.sweeps.how import How
 from blockscope.sweeps.metrics import NllKl
 
-# Activation bytes per batch element and token for GPT-2-like blocks, beyond the stream:
-# attention scores + pattern + softmax scratch (3 n_heads T), MLP hidden x2, q/k/v/z.
+# A batch's block activations (`row_bytes` a row) are kept near this, by both engines.
 BUDGET_BYTES = 768 * 2**20  # activations of one batch, so GPT-2 small stays under 3 GB RSS
 
 
@@ -117,14 +116,20 @@ def _cat(x, new):
 CPU_BATCH = 6  # variants per batch on the CPU with the plain replay (see benchmarks/)
 
 
+def row_bytes(cfg, n_tokens: int) -> int:
+    """One batch row's block activations over `n_tokens` positions, beyond the stream, in
+    float32 bytes: attention scores, pattern and softmax scratch (3 n_heads T per position),
+    the MLP's hidden activation twice, and q/k/v/z and the residuals (6 d_model)."""
+    return 4 * n_tokens * (3 * cfg.n_heads * n_tokens + 2 * cfg.d_mlp + 6 * cfg.d_model)
+
+
 def default_batch_size(model, n_tokens: int, plain: bool = False) -> int:
     """Variants per batch. On the CPU: CPU_BATCH with the plain replay (faster than one at a
     time), 1 through the bridge's blocks (where stacking is slower: both in docs/performance.md's
     "Design choices, measured"). Elsewhere: as many as keep one batch's activations near
     BUDGET_BYTES; never more than that on the CPU either."""
     cfg = model.cfg
-    per_token = 4 * (3 * cfg.n_heads * n_tokens + 2 * cfg.d_mlp + 6 * cfg.d_model)
-    budget = max(1, min(16, BUDGET_BYTES // max(1, per_token * n_tokens)))
+    budget = max(1, min(16, BUDGET_BYTES // max(1, row_bytes(cfg, n_tokens))))
     if str(getattr(cfg, "device", "cpu")).startswith("cpu"):
         return min(budget, CPU_BATCH) if plain else 1
     return budget
