@@ -251,23 +251,29 @@ def test_a_family_the_cached_engine_cannot_run_warns_and_gives_the_naive_numbers
 
 
 def test_the_removals_are_edits_that_bs_sweep_runs_as_hf_hooks_do(pair):
-    """`bs.scale_heads` and `bs.remove_write` run on the cached resume; `bs.skip_block`
-    reads its own run's block input, which the resume does not carry, so its sweep runs
-    naive and says why. Each equals plain transformers with hooks written here."""
+    """`bs.scale_heads`, `bs.remove_write` and `bs.skip_block` (which reads its own run's
+    block input) run on the cached resume, the first of each kind checked against the
+    naive loop, and on the naive loop; each equals plain transformers with hooks written
+    here."""
     model, hf = pair
     mods, d_head = hf_modules(hf), model.cfg.d_head
     keep = torch.ones(model.cfg.n_heads)
     keep[1] = 0
-    cached = [bs.Variant("head 0.1", [bs.scale_heads(0, keep)]),
-              bs.Variant("mlp 1", [bs.remove_write("mlp", 1)])]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", bs.EngineFallback)
-        got = bs.sweep(model, cached, MeanLogProb(WORDS), base=bs.Run(TOKENS))
-    assert got.meta["how"]["engine"] == "cached"
-    with pytest.warns(bs.EngineFallback, match="of its own run"):
-        skipped = bs.sweep(model, [bs.Variant("skip 1", [bs.skip_block(1)])],
-                           MeanLogProb(WORDS), base=bs.Run(TOKENS))
-    assert skipped.meta["how"]["engine"] == "naive"
+    vs = [bs.Variant("head 0.1", [bs.scale_heads(0, keep)]),
+          bs.Variant("mlp 1", [bs.remove_write("mlp", 1)]),
+          bs.Variant("skip 1", [bs.skip_block(1)]),
+          bs.Variant("skip 0 at 5..", [bs.Edit(bs.Site("hook_resid_post", 0, positions=(5, 6, 7)),
+                                                bs.Patch(), bs.Site("hook_resid_pre", 0,
+                                                                    positions=(5, 6, 7)))])]
+    runs = {}
+    for engine in ("cached", "naive"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bs.EngineFallback)
+            runs[engine] = bs.sweep(model, vs, MeanLogProb(WORDS), base=bs.Run(TOKENS),
+                                    engine=engine)
+        assert runs[engine].meta["how"]["engine"] == engine
+    work = runs["cached"].meta["how"]["block_positions"]
+    assert work < runs["cached"].meta["how"]["naive_block_positions"]  # resumed, not rerun
 
     def head(t):
         t[..., d_head:2 * d_head] = 0  # head 1's columns of the output projection's input
@@ -279,13 +285,19 @@ def test_the_removals_are_edits_that_bs_sweep_runs_as_hf_hooks_do(pair):
         received["x"] = t
         return t
 
+    def late(t):  # block 0's output at positions 5.. := its input there
+        t[:, 5:] = received["x"][:, 5:]
+        return t
+
     want = {"head 0.1": [(mods["o"][0], "pre", head)],
             "mlp 1": [(mods["mlp"][1], "out", torch.zeros_like)],
             "skip 1": [(mods["layers"][1], "pre", stash),
-                       (mods["layers"][1], "out", lambda t: received["x"])]}
+                       (mods["layers"][1], "out", lambda t: received["x"])],
+            "skip 0 at 5..": [(mods["layers"][0], "pre", stash),
+                              (mods["layers"][0], "out", late)]}
     base = mean_log_prob(hf_run(hf, TOKENS, []))
     tol = 1e-5 * (1 + abs(base))  # as above
-    for row in [*got.table.itertuples(), *skipped.table.itertuples()]:
+    for row in [*runs["cached"].table.itertuples(), *runs["naive"].table.itertuples()]:
         value = mean_log_prob(hf_run(hf, TOKENS, want[row.variant]))
         assert abs(value - base) > 10 * tol, row  # each removal is seen
         assert abs(row.mean_log_prob - value) <= tol, (row, value)

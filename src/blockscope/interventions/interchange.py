@@ -140,7 +140,8 @@ class Edit(Value):
                              "an edit there takes every row and position")
         rows = act[first : None if samples is None else first + samples]  # a view: (S, ...)
         idx = (slice(None), *self.site.index(offset))
-        rows[idx] = self.intervention.apply(rows[idx], self.source_of(sources, samples, own))
+        rows[idx] = self.intervention.apply(rows[idx], self.source_of(sources, samples, own,
+                                                                       first, offset))
 
     def written(self, act: torch.Tensor, samples: int | None, sources: dict,
                 own: dict | None = None) -> torch.Tensor:
@@ -153,15 +154,19 @@ class Edit(Value):
         self.write(act, 0, samples, 0, sources, own)
         return act
 
-    def source_of(self, sources: dict, samples: int | None, own: dict | None = None):
+    def source_of(self, sources: dict, samples: int | None, own: dict | None = None,
+                  first: int = 0, offset: int = 0):
         """This edit's source for samples 0..samples-1 (None: every row), selected at the
-        site (at its own site, for a `Site` source): (S or 1, *selected), or None."""
+        site: (S or 1, *selected), or None. A `Site` source is read from `own` (this run's
+        batch, name -> act) at the same rows first.. and at its own site, its positions
+        counted from `offset`, as the edit's are."""
         if self.source is None:
             return None
         if isinstance(self.source, torch.Tensor):
             return self.source[:samples]  # (batch or 1, *selected)
         if isinstance(self.source, Site):
-            return (own or {})[self.source.name][:samples][
-                (slice(None), *self.source.index(0))]
+            act = (own or {})[self.source.name]  # (batch, ...) this run's, as it passed
+            return act[first : None if samples is None else first + samples][
+                (slice(None), *self.source.index(offset))]
         act = sources[self.source][self.site.name]  # (batch or 1, ...) the whole run's
         return act[:samples][(slice(None), *self.site.index(0))]

@@ -28,15 +28,22 @@ INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_o
           "hook_resid_mid", "hook_mlp_out")  # the sites a block step writes, in order
 
 
-def stage(e) -> int:
-    """The block whose step carries out edit `e` (a block's output is written as the next
+def stage(site: Site) -> int:
+    """The block whose step writes or passes `site` (a block's output is written as the next
     block's input is read)."""
-    return e.site.layer + 1 if e.site.point == "hook_resid_post" else e.site.layer
+    return site.layer + 1 if site.point == "hook_resid_post" else site.layer
+
+
+def _sites(e) -> list[Site]:
+    """The sites edit `e` writes and reads in its own run (a skipped block's input)."""
+    return [e.site, *([e.source] if isinstance(e.source, Site) else [])]
 
 
 def entry(v: Variant) -> tuple[int, int]:
-    """(block, position) the variant resumes at: its first changed block and position."""
-    return min(stage(e) for e in v.edits), min(e.site.first for e in v.edits)
+    """(block, position) the variant resumes at: the first block and position it changes
+    or reads in its own run."""
+    sites = [s for e in v.edits for s in _sites(e)]
+    return min(stage(s) for s in sites), min(s.first for s in sites)
 
 
 def kind(v: Variant) -> tuple:
@@ -55,10 +62,13 @@ def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
         if v.order is not None:
             return "a variant with a block order"
         for e in v.edits:
-            if isinstance(e.source, Site):
-                return f"an edit reading {e.source.name} of its own run"
-            if e.site.point == "mlp.hook_post":
-                return "an edit at mlp.hook_post (inside the MLP)"
+            for s in _sites(e):
+                if s.point == "mlp.hook_post":
+                    return "an edit at mlp.hook_post (inside the MLP)"
+                if s.point == "hook_embed" and s is not e.site:
+                    return "an edit reading hook_embed of its own run"
+            if isinstance(e.source, Site) and stage(e.source) > stage(e.site):
+                return f"an edit at {e.site.name} reading the later {e.source.name}"
             if e.site.point == "hook_embed":
                 return "an edit at hook_embed (before the position embeddings)"
             if e.site.point == "hook_resid_mid" and plain[e.site.layer].parallel:
@@ -139,7 +149,7 @@ class Resume:
         if batch_size:
             return batch_size
         cfg, T = self.model.cfg, self.kept.pre[0].shape[1]
-        per_row = 4 * T * (3 * cfg.n_heads * T + 2 * cfg.d_mlp + 6 * cfg.d_model) + 4 * cfg.d_vocab
+        per_row = engine.row_bytes(cfg, T) + 4 * cfg.d_vocab
         return max(1, min(256, engine.BUDGET_BYTES // max(1, per_row * self.samples)))
 
     def work(self, v: Variant) -> int:
@@ -172,6 +182,8 @@ class Resume:
         start = entry(variants[0])[1]
         firsts = [entry(v)[0] for v in variants]
         todo: dict = {}  # (block step, point) -> [(edit, its variant's first row)]
+        reads: dict = {}  # (block step, point) -> name: the sites edits read in their run
+        own: dict = {}  # name -> the batch's activation there, as it passed
         rows: list = [None] * len(variants)  # each variant's rows, as its edits write them
 
         def entering(j, mid, keys):
@@ -184,13 +196,17 @@ class Resume:
                 new += [(i, s) for s in range(self.samples)]
                 rows[i] = slice(first, first + self.samples)
                 for e in variants[i].edits:
-                    todo.setdefault((stage(e), e.site.point), []).append((e, first))
+                    todo.setdefault((stage(e.site), e.site.point), []).append((e, first))
+                    if isinstance(e.source, Site):
+                        reads[stage(e.source), e.source.point] = e.source.name
             return new, self.kept.pre[j][:, start:].repeat(len(joining), 1, 1)  # (k S, Tq, d)
 
         def edits(j):
             def edit(point, act):
                 for e, first in todo.get((j, point), ()):
-                    e.write(act, first, self.samples, start, self.sources)
+                    e.write(act, first, self.samples, start, self.sources, own)
+                if (j, point) in reads:  # kept as it passed, whatever later writes in place
+                    own[reads[j, point]] = act.clone()
                 return act
 
             edit.knocks = lambda j: (j, "attn.hook_attn_scores") in todo
