@@ -42,24 +42,29 @@ class Parts:
     c_proj: torch.nn.Module  # HF Conv1D (d_mlp -> d_model)
     parallel = False  # attention then MLP
 
-    def attn_write(self, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
-        """attention(ln_1(x)) for x (B, T, d_model), causal; each head's z scaled by
-        `keep` (n_heads,) if given, the heads it sets to 0 left out (`kept_heads`)."""
-        B, T, _ = x.shape
-        h = _layer_norm(self.ln_1, x)  # (B, T, d_model)
-        idx, rows = kept_heads(keep, self.d_head)
+    @property
+    def d_head(self) -> int:
+        return self.q.out_features // self.n_heads
+
+    @property
+    def head_width(self) -> int:
+        """Features per head in the q/k/v projections' outputs (`kept_heads`)."""
+        return self.d_head
+
+    def kept_qkv(self, h: torch.Tensor, ctx, idx, rows):
+        """q, k, v (B, k, T, d_head) of the heads `idx` (all if None), their features
+        `rows`, from the normed stream h (B, T, d_model)."""
+        B, T, _ = h.shape
         k = self.n_heads if idx is None else len(idx)
 
         def heads(linear):  # (B, k, T, d_head): the kept heads
             return in_rows(linear, h, rows).view(B, T, k, self.d_head).transpose(1, 2)
 
-        z = F.scaled_dot_product_attention(heads(self.q), heads(self.k), heads(self.v),
-                                           is_causal=True, scale=self.scale)  # (B, k, T, d_head)
-        return heads_out(self.o, z, keep, idx)
+        return heads(self.q), heads(self.k), heads(self.v)
 
-    @property
-    def d_head(self) -> int:
-        return self.q.out_features // self.n_heads
+    def attend(self, q, k, v, ctx) -> torch.Tensor:
+        """z (B, k, T, d_head): causal attention (GPT-2's positions are in the stream)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
 
     def attn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return _layer_norm(self.ln_1, x)
@@ -193,9 +198,21 @@ def _layer_norm(ln: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
+def attn_write(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
+    """attention(norm(x)) for x (B, T, d_model), as nanoGPT writes it, once for every family:
+    norm, project, attend, heads out. Each head's z is scaled by `keep` (n_heads,) if given,
+    and the heads it sets to 0 are left out (`kept_heads`). `p` gives the family's norm,
+    projection (`kept_qkv`, rotary included) and attention (`attend`: the recorded mask);
+    `ctx` is the block's recorded call."""
+    idx, rows = kept_heads(keep, p.head_width)
+    q, k, v = p.kept_qkv(p.attn_norm(x), ctx, idx, rows)  # (B, k, T, d_head) each
+    z = p.attend(q, k, v, ctx)  # (B, k, T, d_head)
+    return heads_out(p.o, z, keep, idx)  # (B, T, d_model)
+
+
 def attn_half(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
     """x + attention(norm(x)) for x (B, T, d_model); `ctx` the block's recorded call."""
-    return x + p.attn_write(x, ctx, keep)
+    return x + attn_write(p, x, ctx, keep)
 
 
 def mlp_half(p, x: torch.Tensor) -> torch.Tensor:
@@ -207,7 +224,7 @@ def block_forward(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
     """One whole block: (B, T, d_model) -> (B, T, d_model), parallel or in sequence; heads
     scaled by `keep` (n_heads,) if given."""
     if p.parallel:
-        return x + p.attn_write(x, ctx, keep) + p.mlp_write(x)
+        return x + attn_write(p, x, ctx, keep) + p.mlp_write(x)
     return mlp_half(p, attn_half(p, x, ctx, keep))
 
 

@@ -22,30 +22,34 @@ import torch.nn.functional as F
 
 from blockscope.model import adapters
 from blockscope.model.adapters import generic
-from blockscope.sweeps.replay import heads_out, in_rows, kept_heads, products
+from blockscope.sweeps.replay import in_rows, products
 
 
 class ReplayArgsMissing(RuntimeError):
     """The clean pass did not record what this block's replay needs (e.g. rotary cos/sin)."""
 
 
-def _rope_and_mask(ctx, T: int):
-    """(cos, sin) and the SDPA mask arguments from a block's recorded call `ctx`:
-    `is_causal=True` when the recorded mask is the plain causal one (the fast path),
-    else that mask itself as booleans (True: may attend), broadcast over batch and heads."""
-    kwargs = ctx[1] if ctx is not None else {}
-    rope = kwargs.get("position_embeddings")
+def _rope(ctx):
+    """(cos, sin) from a block's recorded call `ctx`."""
+    rope = (ctx[1] if ctx is not None else {}).get("position_embeddings")
     if rope is None:
         raise ReplayArgsMissing("no rotary position embeddings recorded for this block")
-    mask = kwargs.get("attention_mask")
+    return rope
+
+
+def _mask_args(ctx, T: int) -> dict:
+    """The SDPA mask arguments from a block's recorded call `ctx`: `is_causal=True` when
+    the recorded mask is the plain causal one (the fast path), else that mask itself as
+    booleans (True: may attend), broadcast over batch and heads."""
+    mask = (ctx[1] if ctx is not None else {}).get("attention_mask")
     if mask is None:
-        return rope, {"is_causal": True}
+        return {"is_causal": True}
     allowed = mask if mask.dtype == torch.bool else mask == 0  # (1, 1, T, T) or (B, 1, T, T)
     allowed = allowed[..., -T:, -T:]
     causal = torch.ones(T, T, dtype=torch.bool, device=allowed.device).tril()
     if bool((allowed == causal).all()):
-        return rope, {"is_causal": True}
-    return rope, {"attn_mask": allowed}
+        return {"is_causal": True}
+    return {"attn_mask": allowed}
 
 
 def _rope_at(ctx, start: int, T: int):
@@ -78,13 +82,15 @@ class LlamaParts:
         self.act, self.d_head, self.scale = facts["act"], facts["d_head"], facts["scale"]
         self.rotary = facts["rotary"]
 
-    def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
-        """Each head's z scaled by `keep` (n_heads,) if given; the heads it sets to 0 are
-        left out (`replay.kept_heads`), and with them the K/V heads no kept head reads."""
-        B, T, _ = x.shape
-        (cos, sin), mask_args = _rope_and_mask(ctx, T)
-        h = self.ln1(x)  # (B, T, d_model)
-        idx, rows = kept_heads(keep, self.d_head)
+    @property
+    def head_width(self) -> int:
+        return self.d_head
+
+    def kept_qkv(self, h: torch.Tensor, ctx, idx, rows):
+        """q, k, v (B, k, T, d_head) of the query heads `idx` (all if None), their
+        features `rows`, and of the K/V heads each reads (the others left out), rotated."""
+        B, T, _ = h.shape
+        cos, sin = _rope(ctx)
         n_heads = self.q.out_features // self.d_head
         n_kv = self.k.out_features // self.d_head
         q = in_rows(self.q, h, rows).view(B, T, -1 if idx is None else len(idx), self.d_head)
@@ -94,8 +100,10 @@ class LlamaParts:
             k, v = k[:, :, group], v[:, :, group]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, d_head)
         q, k = self.rotary(q, k, cos, sin)
-        z = _attend(q, k, v, self.scale, mask_args)  # (B, k, T, d_head)
-        return heads_out(self.o, z, keep, idx)
+        return q, k, v
+
+    def attend(self, q, k, v, ctx) -> torch.Tensor:
+        return _attend(q, k, v, self.scale, _mask_args(ctx, q.shape[2]))
 
     def attn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.ln1(x)
@@ -129,18 +137,23 @@ class NeoXParts:
         self.act, self.d_head, self.scale = facts["act"], facts["d_head"], facts["scale"]
         self.rotary = facts["rotary"]
 
-    def attn_write(self, x: torch.Tensor, ctx, keep=None) -> torch.Tensor:
-        """Each head's z scaled by `keep` (n_heads,) if given, the heads it sets to 0 left
-        out (`replay.kept_heads`)."""
-        B, T, _ = x.shape
-        (cos, sin), mask_args = _rope_and_mask(ctx, T)
-        idx, rows = kept_heads(keep, 3 * self.d_head)  # each head's q, k, v side by side
+    @property
+    def head_width(self) -> int:
+        return 3 * self.d_head  # each head's q, k, v side by side
+
+    def kept_qkv(self, h: torch.Tensor, ctx, idx, rows):
+        """q, k, v (B, k, T, d_head) of the heads `idx` (all if None), their features
+        `rows`, rotated."""
+        B, T, _ = h.shape
+        cos, sin = _rope(ctx)
         n = self.qkv.out_features // (3 * self.d_head) if idx is None else len(idx)
-        qkv = in_rows(self.qkv, self.ln1(x), rows).view(B, T, n, 3 * self.d_head)
+        qkv = in_rows(self.qkv, h, rows).view(B, T, n, 3 * self.d_head)
         q, k, v = qkv.transpose(1, 2).chunk(3, dim=-1)  # each (B, n, T, d_head)
         q, k = self.rotary(q, k, cos, sin)  # rotates the first cos.shape[-1] dims only
-        z = _attend(q, k, v, self.scale, mask_args)
-        return heads_out(self.o, z, keep, idx)
+        return q, k, v
+
+    def attend(self, q, k, v, ctx) -> torch.Tensor:
+        return _attend(q, k, v, self.scale, _mask_args(ctx, q.shape[2]))
 
     def attn_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.ln1(x)
