@@ -67,8 +67,10 @@ def _write(model, lay, label, e) -> engine.Start | None:
         return engine.Start(label, k + 1, after_mlp, kind="mlp")
     if not lay.mlp_alone:  # no entry at the mid residual
         return None
-    return engine.Start(label, k, lambda c: c.pre[k] + e.intervention.apply(  # mid := input
-        c.act("hook_resid_mid", k) - c.pre[k]), mid=True, kind="attn")  # + write'
+    def mid(c):  # the mid residual := input + write'
+        return c.pre[k] + e.intervention.apply(c.act("hook_resid_mid", k) - c.pre[k])
+
+    return engine.Start(label, k, mid, mid=True, kind="attn")
 
 
 def _heads(model, lay, label, e) -> engine.Start | None:

@@ -123,8 +123,7 @@ def naive(model, base: Run, variants: Sequence[Variant], sources: dict, metric,
 def variant_logits(model, base: Run, v: Variant, sources: dict) -> torch.Tensor:
     """The last position's logits (S, d_vocab) of the base run with `v`'s edits on."""
     tokens = base.tokens.to(model.cfg.device).expand(base.samples, -1)
-    hooks = edit_hooks((*base.edits, *v.edits), base.samples, sources)
-    hooks += v.order.hooks() if v.order is not None else []
+    hooks = Variant(v.label, (*base.edits, *v.edits), v.order).hooks(base.samples, sources)
     with torch.inference_mode(), applied(model, hooks):
         return model(tokens, return_type="logits")[:, -1].float()
 
