@@ -26,6 +26,13 @@ class Engine(StrEnum):
     naive = "naive"
 
 
+class Attribution(StrEnum):
+    """How attribute estimates each patch from gradients: at the corrupted run (attribution
+    patching), or averaged along the path from it to the clean run (integrated gradients)."""
+    atp = "atp"
+    ig = "ig"
+
+
 class Dtype(StrEnum):
     """The floating-point type the weights and activations run in."""
     float32 = "float32"

@@ -3,6 +3,7 @@
 import re
 
 _NAME = re.compile(r"`([a-z][a-z0-9_]*)`")
+FLAGS = {"check_cells": "check"}  # parameters whose flag is not their name with dashes
 
 
 class BlockscopeError(Exception):
@@ -19,7 +20,8 @@ class _Named(BlockscopeError):
         super().__init__(_NAME.sub(r"\1", template))
 
     def as_flag(self) -> str:
-        return _NAME.sub(lambda m: "--" + m[1].replace("_", "-"), self.template)
+        return _NAME.sub(lambda m: "--" + FLAGS.get(m[1], m[1]).replace("_", "-"),
+                         self.template)
 
 
 class BadValue(_Named):

@@ -22,6 +22,8 @@ PROMPT = "The capital of France is"
 CASES = {
     "ablate": dict(text=ALICE, max_tokens=30, bootstrap=20),
     "attention": dict(prompt="The capital", layer="1"),
+    "attribute": dict(clean=PROMPT, corrupted="The capital of Italy is", target=" Paris",
+                      contrast=" Rome", site=["z"], check_cells="2"),
     "head-roles": dict(text=ALICE, max_tokens=40, n_random=2),
     "knockout": dict(prompt=PROMPT, subject="France", target=" Paris", window=2),
     "layernorm": dict(values=[1.0, 2.0, 4.0]),

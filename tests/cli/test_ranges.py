@@ -14,6 +14,7 @@ from blockscope.cli import _run
 from ..conftest import ALICE
 
 PROMPT = ["The capital of France is"]
+PAIR = ["--clean", "A b", "--corrupted", "A c", "--target", " x"]
 FACT = [*PROMPT, "--subject", "France"]
 CORPUS = "{corpus}"
 
@@ -94,6 +95,8 @@ PAST = [
     (["norm-placement"], "--train-d-model", 0, "--train-d-model must be at least 1"),
     (["norm-placement"], "--train-d-model", 100_000, "more than the 2,000,000,000"),
     (["toy-model", "{tmp}/toy"], "--seed", -1, "--seed must be between 0"),
+    (["attribute", *PAIR], "--ig-steps", 0, "--ig-steps must be between 1 and 1,000"),
+    (["attribute", *PAIR], "--ig-steps", 1001, "--ig-steps must be between 1 and 1,000"),
 ]
 
 NO_MODEL = {"layernorm", "norm-placement", "params", "toy-model"}
@@ -101,7 +104,7 @@ NO_MODEL = {"layernorm", "norm-placement", "params", "toy-model"}
 # What each command needs to get as far as its checks.
 NEEDS = {"ablate": [], "head-roles": ["--max-tokens", 30], "knockout": FACT, "trace": FACT,
          "logit-lens": PROMPT, "mlp-memory": PROMPT, "norm-placement": [], "params": [],
-         "patch": ["--clean", "A b", "--corrupted", "A c", "--target", " x"],
+         "patch": PAIR, "attribute": PAIR,
          "prune-blocks": [], "prune-heads": [], "rearrange": ["--reverse", "0:2"],
          "resid-norm": PROMPT, "shapes": PROMPT, "toy-model": ["{tmp}/toy"],
          "layernorm": [1, 2], "attention": PROMPT}

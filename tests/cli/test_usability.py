@@ -148,6 +148,20 @@ FACT = {"prompt": "The capital of France is", "subject": "France", "target": " P
     (["patch", "--clean", "A b", "--corrupted", "A c", "--target", " x y"],
      "--target ' x y' is 2 tokens"),
     (["logit-lens", "Hello there", "--contrast", " a b"], "--contrast ' a b' is 2 tokens"),
+    # attribute: its options, then the prompts' token counts from the tokenizer
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--check", "-1"],
+     "--check must be a count of 0 or more, or all (got -1)"),
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--check", "some"],
+     "--check must be a count or all (got some)"),
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--method", "ig",
+      "--ig-steps", "0"], "--ig-steps must be between 1 and 1,000 (got 0)"),
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--site", "q"],
+     "--site must be among"),
+    (["attribute", "--clean", "The capital of France is", "--corrupted",
+      "The capital of the United Kingdom is", "--target", " Paris"],
+     "the same number of tokens (--clean is 6, --corrupted 8)"),
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x y"],
+     "--target ' x y' is 2 tokens"),
     # a facts file's lines, named (line 2 is blank)
     (["trace", "--facts", "{facts:subject=Germany}"],
      "--facts {path}, line 3: subject 'Germany' is not in the prompt 'The capital of France "

@@ -9,6 +9,7 @@ Python returns it. Heavy imports happen inside the commands, so `--help` is inst
 from blockscope.api import (  # noqa: F401  (registers the commands: one module each)
     ablate,
     attention,
+    attribute,
     get_model,
     head_roles,
     knockout,

@@ -100,3 +100,41 @@ def facts_trace_plot(avg: pd.DataFrame, title: str) -> Figure:
         fig.colorbar(im, ax=ax, shrink=0.8, label="mean indirect effect")
     fig.suptitle(title)
     return fig
+
+
+def attribute_plot(df: pd.DataFrame, title: str) -> Figure:
+    """One scatter per site of the checked cells: the estimate against exact patching, both
+    normalised (0 corrupted, 1 clean), on the diagonal where they agree; the largest
+    estimates filled, the random ones hollow; inert cells (`attrs["inert"]`) left out, as
+    the statistics leave them."""
+    inert = np.asarray(df.attrs.get("inert", np.zeros(len(df), bool)), dtype=bool)
+    checked = df[(df["checked"] != "").to_numpy() & ~inert]  # as the statistics count them
+    sites = list(dict.fromkeys(checked["site"])) or list(dict.fromkeys(df["site"]))
+    fig, axes = _subplots(1, len(sites), figsize=(3.6 * len(sites) + 0.6, 4.2), squeeze=False,
+                          constrained=True)
+    agree = df.attrs.get("agreement", {})
+    for ax, site in zip(axes[0], sites, strict=True):
+        part = checked[checked["site"] == site]
+        x, y = part["normalized"].to_numpy(), part["exact_normalized"].to_numpy()
+        both = np.concatenate([x, y, [0.0, 1.0]])
+        both = both[np.isfinite(both)]
+        lo, hi = float(both.min()), float(both.max())
+        pad = 0.05 * (hi - lo or 1.0)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=0.8, zorder=0)
+        for kind, label, style in (
+                ("top", "largest estimates", dict(color="C0")),
+                ("all", "every cell", dict(color="C0")),
+                ("random", "drawn at random", dict(facecolors="none", edgecolors="C1"))):
+            sel = (part["checked"] == kind).to_numpy()
+            if sel.any():
+                ax.scatter(x[sel], y[sel], s=18, label=label, **style)
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xlabel("estimate (normalised)")
+        ax.set_ylabel("exact patching (normalised)")
+        rec = agree.get(site, {})
+        ax.set_title(f"{site}: Pearson {rec.get('pearson', float('nan')):.2f}, "
+                     f"Spearman {rec.get('spearman', float('nan')):.2f}", fontsize=9)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    return fig

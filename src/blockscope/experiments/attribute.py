@@ -1,0 +1,188 @@
+"""Attribution patching over `patch`'s whole grid, checked against exact patching.
+
+The grid is `patch`'s: every (layer, position) of `resid-pre`, `attn-out` and `mlp-out`, and
+every (layer, head) of `z` at all positions, the clean run's activation written into the
+corrupted run. Each cell's effect is estimated from gradients (`sweeps.attribution`: AtP, or
+integrated gradients), in the direction and normalisation of `patch`: `estimate` is the
+metric's estimated change, and `normalized` is estimate / (clean - corrupted), so 0 is the
+corrupted run and 1 the clean run. The two commands' CSVs line up column for column: the
+same cells in the same order, `normalized` beside patch's `normalized`, and the checked
+cells' `exact_<metric>` and `exact_normalized` equal to patch's `<metric>` and `normalized`.
+
+Every run checks itself: per site, the `check` cells of largest |estimate| and `check` cells
+drawn at random from the rest (`seed`) are patched exactly on the interchange engine (what
+`patch` runs), or every cell (`check=None`). Over the checked cells: the Pearson and
+Spearman correlations of estimate and exact effect, the largest miss, and the largest exact
+effect among the random cells, a bound on what the estimate's ranking missed (AtP*'s check,
+Kramar et al. 2024). Inert cells, where the clean and corrupted activations are equal (the
+positions before the prompts first differ), change nothing: they are never drawn, and are
+left out of the statistics, whose ranks would otherwise order float32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from blockscope.errors import BadValue
+from blockscope.experiments.patch import SITES, check_lengths, check_sites, variants
+from blockscope.sweeps import attribution
+from blockscope.sweeps.interchange import Run, sweep
+from blockscope.sweeps.metrics import LogitDiff, TargetLogProb
+from blockscope.sweeps.settings import RunSettings
+
+METHODS = ("atp", "ig")
+MEANING = {
+    "estimate": "the estimated change of the metric when the clean run's activation is "
+    "written into the corrupted run at the row's site: " + attribution.SIGN,
+    "normalized": "estimate / (clean - corrupted): 0 is the corrupted run, 1 the clean run, "
+    "as in patch's CSV",
+    "exact": "the metric of the corrupted run with the clean activation written at the row's "
+    "site, computed by patching (empty where the row was not checked)",
+    "exact_normalized": "(exact - corrupted) / (clean - corrupted), as patch's normalized",
+    "checked": "top: among the largest |estimate| of its site; random: drawn from the rest; "
+    "all: every cell was checked; empty: not checked",
+    "z": "one head's z at every position (head column; position empty)",
+}
+
+
+SIGN_RULE = ("estimate: " + attribution.SIGN + "; normalized = estimate / (clean - "
+             "corrupted), 0 the corrupted run, 1 the clean run, as patch normalises")
+PATH_RULE = ("ig: the gradient is the mean over alpha = k/m, k = 0..m-1, of the gradient at "
+             "block 0's input corrupted + alpha (clean - corrupted), the left Riemann sum "
+             "(m = 1 is atp)")
+CHECK_RULE = ("per site, the K cells of largest |estimate| (top) and K drawn from the rest "
+              "with numpy default_rng(seed) (random) are patched exactly on the interchange "
+              "engine, as patch patches them; correlations over the checked cells but the "
+              "inert ones (the clean and corrupted activations equal there: the patch writes "
+              "what is there), which are never drawn")
+
+
+def check_method(method: str, steps: int) -> None:
+    if method not in METHODS:
+        raise BadValue(f"`method` must be one of {', '.join(METHODS)} (got {method})")
+    if not 1 <= steps <= 1000:
+        raise BadValue(f"`ig_steps` must be between 1 and 1,000 (got {steps})")
+
+
+def check_count(check: int | None) -> None:
+    if check is not None and check < 0:
+        raise BadValue(f"`check` must be a count of 0 or more, or all (got {check})")
+
+
+def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: int,
+              contrast: int | None = None, sites=("resid-pre",), method: str = "atp",
+              steps: int = 5, check: int | None = 20, seed: int = 0,
+              settings: RunSettings = RunSettings()) -> pd.DataFrame:
+    """One row per cell of `patch`'s grid over `sites`: `site, layer, head, position, token,
+    estimate, normalized` (estimated), `checked`, and for the checked rows `exact_<metric>`
+    and `exact_normalized` (patch's `<metric>` and `normalized`). attrs: the clean and corrupted
+    values, the metric, the estimate's passes (`attribution`), the check's statistics per
+    site (`agreement`), how the exact patches ran (`how`), and per row whether it is inert
+    (`inert`: its patch writes the values already there)."""
+    check_sites(sites)
+    check_lengths(clean.shape[-1], corrupted.shape[-1])
+    check_method(method, steps)
+    check_count(check)
+    metric = TargetLogProb(target) if contrast is None else LogitDiff(target, contrast)
+    n = clean.shape[-1]
+    grid = variants(model.cfg.n_layers, model.cfg.n_heads, n, sites)
+    base, sources = Run(corrupted), {"clean": Run(clean)}
+    est = attribution.estimate(model, base, sources, grid, metric, method=method, steps=steps)
+    lo, hi = est.base, est.sources["clean"]
+    gap = hi - lo
+    words = [model.tokenizer.decode([t]) for t in clean[0].tolist()]
+    rows = []
+    for v, e in zip(grid, est.values, strict=True):
+        p = v.label["position"]
+        rows.append({**v.label, "token": "" if p is None else words[p], "estimate": e,
+                     "normalized": e / gap if gap else math.nan})
+    df = pd.DataFrame(rows)
+    df["head"] = df["head"].astype("Int64")
+    df["position"] = df["position"].astype("Int64")
+
+    chosen = picked(df, check, seed, est.inert)
+    df["checked"] = chosen
+    picks = [i for i, c in enumerate(chosen) if c]
+    exact = sweep(model, base, sources, [grid[i] for i in picks], metric, settings)
+    df[f"exact_{metric.name}"] = math.nan
+    df.loc[picks, f"exact_{metric.name}"] = exact.values[:, 0]
+    e_lo, e_hi = float(exact.base[0]), float(exact.sources["clean"][0])
+    df["exact_normalized"] = ((df[f"exact_{metric.name}"] - e_lo) / (e_hi - e_lo)
+                              if e_hi != e_lo else math.nan)
+    df.attrs.update(clean=hi, corrupted=lo, metric=metric.name, attribution=est.how,
+                    how=exact.how, agreement=agreement(df, metric.name, e_lo, est.inert),
+                    check=("all" if check is None else check), seed=seed,
+                    inert=est.inert.tolist())
+    return df
+
+
+def picked(df: pd.DataFrame, check: int | None, seed: int, inert: np.ndarray) -> list[str]:
+    """Per row, why it is checked: per site, the `check` largest |estimate| ("top") and
+    `check` of the rest drawn with numpy's `default_rng(seed)` ("random"), never an inert
+    cell (one whose patch writes the values already there: its change is 0, estimated and
+    exact); every row "all" where `check` is None; "" where not checked."""
+    if check is None:
+        return ["all"] * len(df)
+    out = [""] * len(df)
+    rng = np.random.default_rng(seed)
+    live = df[~inert]
+    for _, part in live.groupby("site", sort=False):
+        order = part["estimate"].abs().sort_values(ascending=False, kind="stable").index
+        top, rest = list(order[:check]), np.array(sorted(order[check:]), dtype=int)
+        for i in top:
+            out[i] = "top"
+        for i in rng.choice(rest, size=min(check, len(rest)), replace=False):
+            out[int(i)] = "random"
+    return out
+
+
+def agreement(df: pd.DataFrame, metric: str, corrupted: float, inert: np.ndarray) -> dict:
+    """Per site, over its checked rows that are not inert (see `picked`: their exact change
+    is float32 rounding, and ranking it would measure nothing): how many, the Pearson and
+    Spearman correlations of estimate and exact change, the largest miss |estimate -
+    exact| (normalized, and where), and the largest exact |effect| among the random rows;
+    and how many inert cells were left out."""
+    out = {}
+    checked = df["checked"] != ""
+    for site in dict.fromkeys(df.loc[checked, "site"]):
+        part = df[checked & ~inert & (df["site"] == site)]
+        exact = part[f"exact_{metric}"] - corrupted
+        record = {"checked": len(part),
+                  "inert": int((checked & inert & (df["site"] == site)).sum()),
+                  "pearson": _corr(part["estimate"], exact, "pearson"),
+                  "spearman": _corr(part["estimate"], exact, "spearman")}
+        miss = (part["normalized"] - part["exact_normalized"]).abs()
+        if miss.notna().any():
+            i = miss.idxmax()
+            record["largest_miss"] = {"where": where(df.loc[i]),
+                                      "normalized": float(df.loc[i, "normalized"]),
+                                      "exact_normalized": float(df.loc[i, "exact_normalized"])}
+        rand = part[part["checked"] == "random"]
+        if len(rand):
+            i = rand["exact_normalized"].abs().idxmax()
+            record["largest_random_exact"] = {
+                "where": where(df.loc[i]),
+                "exact_normalized": float(df.loc[i, "exact_normalized"])}
+        out[site] = record
+    return out
+
+
+def _corr(a: pd.Series, b: pd.Series, kind: str) -> float:
+    """The correlation, or NaN where it is undefined (fewer than 3 cells, or one constant)."""
+    if len(a) < 3 or a.nunique() < 2 or b.nunique() < 2:
+        return math.nan
+    return float(a.corr(b, method=kind))
+
+
+def where(row) -> str:
+    """A cell as the tables name it: `z L2 head 1`, `resid-pre L0 @3`."""
+    if row["site"] == "z":
+        return f"z L{row['layer']} head {row['head']}"
+    return f"{row['site']} L{row['layer']} @{row['position']}"
+
+
+__all__ = ["METHODS", "MEANING", "SITES", "attribute", "agreement", "picked"]

@@ -1,0 +1,224 @@
+"""Attribution patching: every patch variant's effect on the metric estimated from gradients,
+in a few passes instead of one forward per variant.
+
+A patch variant writes a source run's activation at its sites (`Patch` edits; `patch` writes
+the clean run into the corrupted one). Its effect on the metric M is estimated to first
+order, at each edit's selected values a (its positions, and head):
+
+    estimate = sum over edits of  (a_source - a_base) . g
+
+- `atp` (attribution patching, Nanda 2023): g = dM/da on the base run itself. Two forwards
+  (the source run; the base run) and one backward.
+- `ig` (integrated gradients along the input, as EAP-IG takes them: Hanna et al. 2024):
+  g is the mean of dM/da over m points of the straight path from the base run to the
+  source run, interpolated at block 0's input: alpha = k/m for k = 0..m-1 (the left Riemann
+  sum, so that one step is AtP). Summed over every position of block 0's input, the
+  estimates tend to M(source) - M(base) as m grows (completeness).
+- `graddrop` (AtP*'s GradDrop, Kramar et al. 2024): for each block l, the estimate with no
+  gradient through block l's writes to the residual stream (its attention and MLP outputs
+  detached: the gradient passes block l by the skip connection alone, and a site of block
+  l's own gets none); the score is the sum of the L absolute estimates over L - 1 (the
+  paper's mean: each head's or MLP's own block gives 0), a bound against cancellation, not
+  a signed effect. It needs two blocks or more.
+
+The gradient is read at a `Probe` at each site: base + 0, the 0 a leaf autograd
+differentiates M by, so that the model's own forward, hooks and all, gives dM/da. Only the
+probes' gradients are asked for (`torch.autograd.grad`), none of the weights'.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from blockscope.interventions import applied, hooks
+from blockscope.interventions.interchange import Edit, Patch, Site
+from blockscope.sweeps.interchange import Run, capture
+from blockscope.sweeps.variant import Variant
+
+METHODS = ("atp", "ig", "graddrop")
+SIGN = ("estimate of M(base run with the source's activation written at the row's site) - "
+        "M(base run): positive where the patch moves the metric up; the gradient is taken "
+        "on the base run (the corrupted prompt), the difference points to the source run "
+        "(the clean prompt)")
+
+
+class Probe:
+    """base + 0, the 0 a leaf of the activation's shape (batch 1: one gradient for every
+    row, summed over them) that the metric is differentiated by. Holds the leaf and the
+    base it was added to, as the forward passed."""
+
+    def __init__(self):
+        self.zero: torch.Tensor | None = None
+        self.base: torch.Tensor | None = None
+
+    def apply(self, base: torch.Tensor, source=None) -> torch.Tensor:
+        self.base = base.detach()
+        self.zero = torch.zeros_like(base[:1]).requires_grad_()
+        return base + self.zero
+
+
+@dataclass(frozen=True)
+class Detach:
+    """The activation with no gradient through it (GradDrop's dropped block write): the
+    same values, the backward stops here."""
+
+    def apply(self, base: torch.Tensor, source=None) -> torch.Tensor:
+        return base.detach()
+
+
+@dataclass
+class Estimates:
+    """Each variant's estimated change of the metric, and what the passes measured."""
+
+    values: np.ndarray  # (V,) the estimated M(variant) - M(base)
+    inert: np.ndarray  # (V,) bool: the variant writes the values already there (its
+    #   sources equal the base run at every selected value), so its change is exactly 0
+    base: float  # M(base run)
+    sources: dict[str, float]  # M(each source run)
+    how: dict = field(default_factory=dict)  # method, steps, passes, seconds
+
+
+def metric_of(metric, logits: torch.Tensor) -> torch.Tensor:
+    """The metric's values (B,) at the last position's logits (B, d_vocab): one column."""
+    values = metric(logits)
+    if values.dim() != 1:
+        raise ValueError("attribution needs a metric of one column, one value per row")
+    return values
+
+
+def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
+              path: tuple[torch.Tensor, torch.Tensor] | None = None, steps: int = 1,
+              drop: int | None = None, rows: int = 8
+              ) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor]]:
+    """(dM/da at each hook point of `names` (1, ...) as the metric's mean over the points, M
+    at the first point, the activations there as the first forward passed them (rows, ...))
+    on the run of `tokens` (1, T). With `path` = (block 0's input on the base run, on the
+    source run), each (1, T, d_model), block 0's input is instead each of the `steps` points
+    base + alpha (source - base), alpha = k/steps for k = 0..steps-1, one per batch row,
+    `rows` points a forward and backward. With `drop`, block `drop`'s attention and MLP
+    writes are detached."""
+    alphas = torch.arange(steps if path is not None else 1, dtype=torch.float64) / steps
+    total: dict[str, torch.Tensor] = {}
+    first = None
+    for chunk in alphas.split(rows):
+        probes = {name: Probe() for name in names}
+        edits = []
+        if path is not None:
+            lo, hi = path
+            alpha = chunk.to(lo.dtype).to(lo.device)[:, None, None]
+            edits.append(Edit(Site("hook_resid_pre", 0), Patch(), lo + alpha * (hi - lo)))
+        edits += [Edit(_whole(name), probe) for name, probe in probes.items()]
+        if drop is not None:  # after any probe there: block `drop`'s own writes get no gradient
+            edits += [Edit(Site(point, drop), Detach())
+                      for point in ("hook_attn_out", "hook_mlp_out")]
+        batch = tokens.to(model.cfg.device).expand(len(chunk), -1)
+        with torch.enable_grad(), applied(model, hooks(edits)):
+            values = metric_of(metric, model(batch, return_type="logits")[:, -1].float())
+        missing = [n for n, p in probes.items() if p.zero is None]
+        if missing:
+            raise ValueError(f"the forward did not pass {', '.join(missing)}")
+        leaves = [p.zero for p in probes.values()]
+        grads = (torch.autograd.grad(values.sum(), leaves, allow_unused=True)
+                 if values.requires_grad else [None] * len(leaves))
+        for name, leaf, g in zip(probes, leaves, grads, strict=True):
+            g = torch.zeros_like(leaf) if g is None else g.detach()
+            total[name] = g if name not in total else total[name] + g
+        if first is None:
+            first = (float(values[0].detach()), {n: p.base for n, p in probes.items()})
+    return {n: g / len(alphas) for n, g in total.items()}, *first
+
+
+def _whole(name: str) -> Site:
+    """The Site of a whole hook point, from its TransformerLens name."""
+    if not name.startswith("blocks."):
+        return Site(name, None)
+    _, layer, point = name.split(".", 2)
+    return Site(point, int(layer))
+
+
+def _check(variants: Sequence[Variant], sources: dict) -> None:
+    for v in variants:
+        for e in v.edits:
+            if not isinstance(e.intervention, Patch) or not isinstance(e.source, str):
+                raise ValueError(f"variant {v.label}: attribution estimates patches from a "
+                                 f"named source run, not {type(e.intervention).__name__}")
+            if e.source not in sources:
+                raise ValueError(f"variant {v.label} reads run {e.source!r}, not given")
+
+
+def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant], metric,
+             method: str = "atp", steps: int = 1, progress=None) -> Estimates:
+    """Every patch variant's estimated change of `metric` (see the module), and M of the
+    base and source runs. `ig` and `graddrop` need one source run (the path's end)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}")
+    _check(variants, sources)
+    for name, run in {"base": base, **sources}.items():
+        if run.edits or run.samples != 1:
+            raise ValueError(f"attribution takes plain runs: run {name!r} has edits or samples")
+    if method != "atp" and len(sources) != 1:
+        raise ValueError(f"{method} needs exactly one source run, the path's end")
+    if method == "graddrop" and model.cfg.n_layers < 2:
+        raise ValueError("graddrop needs two blocks or more")
+    started = time.perf_counter()
+    names = sorted({e.site.name for v in variants for e in v.edits})
+    held = {n: capture(model, run, names + ["blocks.0.hook_resid_pre"])
+            for n, run in sources.items()}
+    n_layers = model.cfg.n_layers
+    passes = {"forwards": len(sources), "backwards": 0}
+    if method == "ig":
+        kept = capture(model, base, names + ["blocks.0.hook_resid_pre"])
+        (src,) = held.values()
+        path = (kept.acts["blocks.0.hook_resid_pre"][:1], src.acts["blocks.0.hook_resid_pre"][:1])
+        grads, _, _ = gradients(model, base.tokens, names, metric, path=path, steps=steps)
+        base_acts, value = kept.acts, float(metric_of(metric, kept.logits)[0])
+        passes["forwards"] += 1 + steps
+        passes["backwards"] += steps
+    else:
+        grads, value, base_acts = gradients(model, base.tokens, names, metric)
+        passes["forwards"] += 1
+        passes["backwards"] += 1
+    if progress:
+        progress(total=len(variants))
+    acts = {k: c.acts for k, c in held.items()}
+    values, inert = _linear(variants, grads, base_acts, acts)
+    if method == "graddrop":
+        total = np.zeros(len(variants))
+        for layer in range(n_layers):
+            dropped, _, _ = gradients(model, base.tokens, names, metric, drop=layer)
+            total += np.abs(_linear(variants, dropped, base_acts, acts)[0])
+        values = total / (n_layers - 1)
+        passes["forwards"] += n_layers
+        passes["backwards"] += n_layers
+    if progress:
+        for _ in variants:
+            progress()
+    how = {"method": method, "steps": steps if method == "ig" else None, **passes,
+           "seconds": round(time.perf_counter() - started, 3)}
+    return Estimates(values, inert, value,
+                     {n: float(metric_of(metric, c.logits)[0]) for n, c in held.items()},
+                     {k: v for k, v in how.items() if v is not None})
+
+
+def _linear(variants: Sequence[Variant], grads: dict, base: dict, sources: dict
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(sum over each variant's edits of (a_source - a_base) . g at the edit's selection,
+    whether every such difference is 0)."""
+    deltas: dict[tuple[str, str], torch.Tensor] = {}
+    out, inert = np.empty(len(variants)), np.ones(len(variants), dtype=bool)
+    for i, v in enumerate(variants):
+        total = 0.0
+        for e in v.edits:
+            key = (e.source, e.site.name)
+            if key not in deltas:  # the whole site's difference, one run of the batch
+                deltas[key] = (sources[e.source][e.site.name][0] - base[e.site.name][0]).double()
+            delta = deltas[key][e.site.index()]
+            total += float((delta * grads[e.site.name][0].double()[e.site.index()]).sum())
+            inert[i] &= not bool(delta.any())
+        out[i] = total
+    return out, inert
