@@ -48,6 +48,10 @@ run_all() {  # $1: the folder for the results
         --site resid-pre --site z --site mlp-out
     r patch-llama patch --clean "$P" --corrupted "$C" --target " Paris" -m "$L" \
         --site attn-out --site z
+    r attribute attribute --clean "$P" --corrupted "$C" --target " Paris" --contrast " Rome" \
+        -m "$M" --site resid-pre --site z --check 3
+    r attribute-ig attribute --clean "$P" --corrupted "$C" --target " Paris" -m "$L" \
+        --site mlp-out --method ig --ig-steps 3
     r trace trace "$P" --subject France -m "$M" --samples 3
     r trace-llama trace "$P" --subject France -m "$L" --samples 2 --engine naive
     r knockout knockout "$P" --subject France -m "$M"

@@ -32,6 +32,66 @@ PositionOpt = Annotated[int, typer.Option(help="Token index; negative counts fro
 
 
 @dataclass
+class Pair(Options):
+    """Two prompts of the same length, the clean answer and its contrast, and the sites of
+    patch's grid (patch, attribute)."""
+
+    clean: Annotated[str, typer.Option(help="The clean prompt, e.g. 'The capital of France "
+                                       "is'.", show_default=False)]
+    corrupted: Annotated[str, typer.Option(help="The corrupted prompt, the same number of "
+                                           "tokens, e.g. 'The capital of Italy is'.",
+                                           show_default=False)]
+    target: Annotated[str, typer.Option(help="The clean answer, one token with its space "
+                                        "(' Paris').", show_default=False)]
+    contrast: Annotated[str | None, typer.Option(
+        help="The corrupted answer (' Rome'): the metric is then the logit difference; "
+        "without it, log P(target).", show_default=False)] = None
+    site: Annotated[list[str] | None, typer.Option(
+        help="What is patched (repeatable): resid-pre, attn-out, mlp-out (every layer x "
+        "position) or z (every layer x head, all positions). Default: resid-pre.",
+        show_default=False)] = None
+
+    @property
+    def sites(self) -> list[str]:
+        return list(dict.fromkeys(self.site or ["resid-pre"]))
+
+    def check(self) -> None:
+        from blockscope.api.options import tokens_given
+        from blockscope.experiments.patch import check_sites
+
+        check_sites(self.sites)
+        tokens_given(target=self.target, contrast=self.contrast)
+
+    def open(self, load, prepend_bos: bool, bos_token, quiet: bool):
+        """(the prompts loaded as `two_prompts` loads them, the target's id, the contrast's
+        or None): their lengths and answers refused before the load where the tokenizer
+        can say."""
+        from blockscope.api.prompts import one_token_each, two_prompts
+        from blockscope.experiments.logit_lens import target_id
+        from blockscope.experiments.patch import check_lengths
+
+        run = two_prompts(self.clean, self.corrupted, load, prepend_bos, bos_token, quiet,
+                          check_lengths, one_token_each(target=self.target,
+                                                        contrast=self.contrast))
+        tokenizer = run.model.tokenizer
+        return run, target_id(tokenizer, self.target), (
+            None if self.contrast is None else target_id(tokenizer, self.contrast, "contrast"))
+
+    def record(self, run) -> dict:
+        """What the sidecar records of the pair, beside the clean prompt's own fields."""
+        return {"corrupted": self.corrupted, "corrupted_tokens": run.other[0].tolist(),
+                "target": self.target, "contrast": self.contrast, "sites": self.sites}
+
+    def metric_text(self) -> str:
+        """The metric as the tables name it, tokens shown as they show them (␣Paris)."""
+        from blockscope.inputs.text import visible
+
+        if self.contrast:
+            return f"logit({visible(self.target)}) - logit({visible(self.contrast)})"
+        return f"log_prob({visible(self.target)})"
+
+
+@dataclass
 class Prompt(Options):
     """A prompt: the argument, or --text FILE."""
 
