@@ -28,9 +28,11 @@ class Engine(StrEnum):
 
 class Attribution(StrEnum):
     """How attribute estimates each patch from gradients: at the corrupted run (attribution
-    patching), or averaged along the path from it to the clean run (integrated gradients)."""
+    patching), averaged along the path from it to the clean run (integrated gradients), or
+    AtP with the QK fix and GradDrop (AtP*)."""
     atp = "atp"
     ig = "ig"
+    atp_star = "atp-star"
 
 
 class Dtype(StrEnum):

@@ -155,7 +155,7 @@ FACT = {"prompt": "The capital of France is", "subject": "France", "target": " P
      "--check must be a count or all (got some)"),
     (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--method", "ig",
       "--ig-steps", "0"], "--ig-steps must be between 1 and 1,000 (got 0)"),
-    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--site", "q"],
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--site", "o"],
      "--site must be among"),
     (["attribute", "--clean", "The capital of France is", "--corrupted",
       "The capital of the United Kingdom is", "--target", " Paris"],

@@ -13,6 +13,7 @@ import transformers
 
 from blockscope.experiments import attribute as attribute_exp
 from blockscope.experiments import patch as patch_exp
+from blockscope.interventions.interchange import heads_at
 from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps import attribution
 from blockscope.sweeps.interchange import Run, capture
@@ -39,7 +40,7 @@ def pair(request, tmp_path_factory):
 
 
 def estimates(model, target, contrast, method="atp", steps=1, sites=SITES):
-    grid = patch_exp.variants(model.cfg.n_layers, model.cfg.n_heads, CLEAN.shape[-1], sites)
+    grid = patch_exp.variants(model.cfg, CLEAN.shape[-1], sites)
     est = attribution.estimate(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, grid,
                                LogitDiff(target, contrast), method=method, steps=steps)
     return grid, est
@@ -48,8 +49,9 @@ def estimates(model, target, contrast, method="atp", steps=1, sites=SITES):
 def test_atp_equals_transformer_lens(pair):
     """Every cell equals TransformerLens 4's attribution patching: its node scores for heads
     (per position, summed over positions: z patches a head at every position) and MLP
-    outputs, and for the residual stream and attention outputs, its own gradient cache
-    (backward hooks) contracted here. Both take the gradient on the corrupted run and point
+    outputs, and for the residual stream, attention outputs and each head's query, key and
+    value (a key/value head of Llama's groups), its own gradient cache (backward hooks)
+    contracted here. Both take the gradient on the corrupted run and point
     to the clean one, so the signs agree as they are."""
     from transformer_lens.tools.analysis import attribution_patching as tl
 
@@ -61,7 +63,8 @@ def test_atp_equals_transformer_lens(pair):
 
     nodes = tl.attribution_patch(model, CLEAN, CORRUPTED, metric).node_scores
     names = [f"blocks.{i}.{p}" for i in range(model.cfg.n_layers)
-             for p in ("hook_resid_pre", "hook_attn_out")]
+             for p in ("hook_resid_pre", "hook_attn_out", "attn.hook_q", "attn.hook_k",
+                       "attn.hook_v")]
     clean = tl.cache_activation_and_gradient(model, CLEAN, metric, names, compute_gradient=False)
     corrupt = tl.cache_activation_and_gradient(model, CORRUPTED, metric, names)
     want = []
@@ -72,10 +75,11 @@ def test_atp_equals_transformer_lens(pair):
                             for p in range(CLEAN.shape[-1])))
         elif site == "mlp-out":
             want.append(nodes[tl.Node("mlp_out", pos, layer)])
-        else:
+        else:  # the stream sites at one position; q, k and v one head at every position
             name = f"blocks.{layer}.{patch_exp.SITES[site]}"
             delta = clean.activations[name] - corrupt.activations[name]
-            want.append(float((delta * corrupt.gradients[name])[0, pos].sum()))
+            cell = (0, pos) if head is None else (0, slice(None), head)
+            want.append(float((delta * corrupt.gradients[name])[cell].sum()))
     want = np.array(want)
     assert np.abs(want).max() > 0.1  # the corruption moves the metric through many cells
     np.testing.assert_allclose(est.values, want, rtol=0, atol=1e-5 * np.abs(want).max())
@@ -141,6 +145,73 @@ def test_atp_is_exact_where_nothing_after_the_site_is_nonlinear(tmp_path):
     assert nonlinear > 1e-2 * scale, (nonlinear, scale)
 
 
+def test_the_qk_fix_patches_one_head_through_its_attention_and_linearises_after(pair):
+    """AtP*'s QK fix, for each head's query and each key head's key: the pattern of its block
+    with that head's query (or key) alone written from the clean run, by a hook written
+    here; then (A' - A) . dM/dA over every head, the gradient from a leaf added to the
+    pattern here. A key head of Llama's groups reaches its whole group of query heads; the
+    other cells are AtP's, unchanged."""
+    model, _, target, contrast = pair
+    sites = ["q", "k", "v", "z"]
+    grid, star = estimates(model, target, contrast, "atp-star", sites=sites)
+    _, atp = estimates(model, target, contrast, sites=sites)
+
+    def metric(logits):
+        return logits[0, -1, target] - logits[0, -1, contrast]
+
+    def run(tokens, hooks):
+        with model.hooks(fwd_hooks=hooks):
+            return model(tokens, return_type="logits")
+
+    def keep(store, key):
+        def hook(act, hook=None):
+            store[key] = act.detach().clone()
+        return hook
+
+    clean, corrupt = {}, {}
+    for j in range(model.cfg.n_layers):
+        for point in ("attn.hook_q", "attn.hook_k", "attn.hook_pattern"):
+            with torch.no_grad():
+                run(CLEAN, [(f"blocks.{j}.{point}", keep(clean, (j, point)))])
+                run(CORRUPTED, [(f"blocks.{j}.{point}", keep(corrupt, (j, point)))])
+    leaves = {}
+
+    def leaf(j):
+        def hook(act, hook=None):
+            leaves[j] = torch.zeros_like(act, requires_grad=True)
+            return act + leaves[j]
+        return hook
+
+    value = metric(run(CORRUPTED, [(f"blocks.{j}.attn.hook_pattern", leaf(j))
+                                   for j in range(model.cfg.n_layers)]))
+    grads = dict(zip(leaves, torch.autograd.grad(value, list(leaves.values())), strict=True))
+    checked = 0
+    for i, v in enumerate(grid):
+        site, j, h = v.label["site"], v.label["layer"], v.label["head"]
+        if site not in ("q", "k"):
+            assert star.values[i] == pytest.approx(atp.values[i], rel=1e-6, abs=1e-9)
+            continue
+        point = f"attn.hook_{site}"
+
+        def one_head(act, hook=None, src=clean[(j, point)], h=h):
+            act = act.clone()
+            act[:, :, h] = src[:, :, h]
+            return act
+
+        seen = {}
+        with torch.no_grad():
+            run(CORRUPTED, [(f"blocks.{j}.{point}", one_head),
+                            (f"blocks.{j}.attn.hook_pattern", keep(seen, "A"))])
+        want = float(((seen["A"] - corrupt[(j, "attn.hook_pattern")]) * grads[j]).sum())
+        assert star.values[i] == pytest.approx(want, rel=1e-4, abs=1e-6), (v.label, want)
+        checked += 1
+    assert checked == model.cfg.n_layers * (model.cfg.n_heads + heads_at(model.cfg,
+                                                                          "attn.hook_k"))
+    # the fix matters: saturated or not, a softmax is not its tangent
+    qk = np.array([v.label["site"] in ("q", "k") for v in grid])
+    assert np.abs(star.values[qk] - atp.values[qk]).max() > 1e-3
+
+
 def test_graddrop_equals_hf_hooks_written_here(pair):
     """GradDrop: for each block l, AtP with block l's attention and MLP outputs detached
     (plain HF forward hooks here, after the leaves the gradients are read from, so that a
@@ -148,7 +219,7 @@ def test_graddrop_equals_hf_hooks_written_here(pair):
     block's attention and MLP output."""
     model, hf, target, contrast = pair
     sites = ["attn-out", "mlp-out"]
-    grid, est = estimates(model, target, contrast, "graddrop", sites=sites)
+    grid, est = estimates(model, target, contrast, "atp-star", sites=sites)
     layers = hf.model.layers if hasattr(hf, "model") else hf.transformer.h
     parts = [(block.self_attn if hasattr(block, "self_attn") else block.attn, block.mlp)
              for block in layers]
@@ -188,7 +259,7 @@ def test_graddrop_equals_hf_hooks_written_here(pair):
             score = 0.0 if g is None else float(((clean[key] - corrupt[key]) * g)[0, pos].sum())
             total[i] += abs(score)
     want = total / (len(parts) - 1)  # each site's own block gives 0: the paper's L - 1
-    np.testing.assert_allclose(est.values, want, rtol=0, atol=1e-5 * want.max())
+    np.testing.assert_allclose(est.bound, want, rtol=0, atol=1e-5 * want.max())
 
 
 @pytest.mark.parametrize("engine", ["cached", "naive"])
@@ -264,6 +335,18 @@ def test_the_command_and_the_face(tiny_dir, tmp_path):
     assert meta["agreement"]["z"]["checked"] == 6
     assert meta["attribution"]["backwards"] == 2 and meta["engine"] == "cached"
     assert result(tmp_path, "attribute-tiny-gpt2.png").stat().st_size > 0
+    res = CliRunner().invoke(app, ["attribute", *args, "--site", "k", "--check", "2",
+                                   "--method", "atp-star", "--model", str(tiny_dir),
+                                   "--out-dir", str(tmp_path / "star")])
+    assert res.exit_code == 0, res.output
+    star = pd.read_csv(result(tmp_path / "star", "attribute-tiny-gpt2.csv"),
+                       keep_default_na=False, na_values=[""])
+    assert list(star.columns)[5:8] == ["estimate", "normalized", "graddrop"]
+    assert (star["graddrop"] >= 0).all()
+    top = star["graddrop"].nlargest(2).index  # AtP*'s ranking: by the GradDrop bound
+    assert set(star.index[star["checked"] == "top"]) == set(top)
+    meta = json.loads(result(tmp_path / "star", "attribute-tiny-gpt2.json").read_text())
+    assert "QK fix" in meta["star_rule"] and "naive loop" in meta["why_naive"]
     model = bs.load(str(tiny_dir))
     face = bs.attribute(model, clean="The capital of France is",
                         corrupted="The capital of Italy is", target=" Paris", contrast=" Rome",

@@ -59,16 +59,46 @@ def at(pos, value, head=None, d_head=None):
     return fn
 
 
+def qkv_columns(hf, layer: int, site: str, head: int, d_head: int):
+    """(the HF module whose output holds one head's query, key or value before any rotary
+    embedding, that head's columns there), per family: GPT-2's joined c_attn (all queries,
+    then keys, then values), GPT-NeoX's query_key_value (per head: its query, key, value),
+    the Llama family's q_proj, k_proj, v_proj (keys and values per key/value head)."""
+    kind = hf.config.model_type
+    if kind == "gpt2":
+        d = hf.config.n_embd
+        start = "qkv".index(site) * d + head * d_head
+        return hf.transformer.h[layer].attn.c_attn, slice(start, start + d_head)
+    if kind == "gpt_neox":
+        start = (3 * head + "qkv".index(site)) * d_head
+        return (hf.gpt_neox.layers[layer].attention.query_key_value,
+                slice(start, start + d_head))
+    attn = hf.model.layers[layer].self_attn
+    return getattr(attn, f"{site}_proj"), slice(head * d_head, (head + 1) * d_head)
+
+
+def at_columns(value, cols):
+    """fn(tensor) writing `value` into columns `cols` at every position."""
+    def fn(t):
+        t[:, :, cols] = value
+        return t
+
+    return fn
+
+
 def logit_diff(logits):
     return float(logits[0, TARGET] - logits[0, CONTRAST])
 
 
 @pytest.mark.parametrize("engine", ["cached", "naive"])
 def test_patch_every_cell_equals_hf_hooks(pair, engine):
+    """Every cell of every site held to HF hooks written here; q, k and v (inside the
+    attention: the cached engine does not resume there) on the naive loop."""
     model, hf = pair
     mods = hf_modules(hf)
+    sites = [s for s in patch_exp.SITES if engine == "naive" or s not in ("q", "k", "v")]
     df = patch_exp.patch(model, CLEAN, CORRUPTED, target=TARGET, contrast=CONTRAST,
-                         sites=list(patch_exp.SITES), settings=RunSettings(engine=engine))
+                         sites=sites, settings=RunSettings(engine=engine))
     assert df.attrs["how"]["engine"] == engine
     clean, corrupted = logit_diff(hf_run(hf, CLEAN, [])), logit_diff(hf_run(hf, CORRUPTED, []))
     gap = clean - corrupted
@@ -81,6 +111,11 @@ def test_patch_every_cell_equals_hf_hooks(pair, engine):
             src = hf_capture(hf, CLEAN, module, when)
             cols = slice(r.head * d_head, (r.head + 1) * d_head)
             fn = at(slice(None), src[:, :, cols], r.head, d_head)
+        elif r.site in ("q", "k", "v"):
+            module, cols = qkv_columns(hf, r.layer, r.site, r.head, d_head)
+            when = "out"
+            src = hf_capture(hf, CLEAN, module, when)[:, :, cols]
+            fn = at_columns(src, cols)
         else:
             module, when = {"resid-pre": (mods["layers"][r.layer], "pre"),
                             "attn-out": (mods["attn"][r.layer], "out"),
@@ -194,7 +229,7 @@ def test_a_resume_from_the_wrong_position_falls_back_loudly(pair, monkeypatch):
     model, _ = pair
     right = resume.entry
     monkeypatch.setattr(resume, "entry", lambda v: (right(v)[0], right(v)[1] + 1))
-    vs = patch_exp.variants(model.cfg.n_layers, model.cfg.n_heads, 6, ["attn-out"])
+    vs = patch_exp.variants(model.cfg, 6, ["attn-out"])
     vs = [v for v in vs if v.label["position"] < 5]
     metric = LogitDiff(TARGET, CONTRAST)
     slipped = sweep(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, vs, metric)
@@ -213,7 +248,7 @@ def test_the_cached_engine_unembeds_as_the_bridge_with_a_bias_or_a_hook(pair, un
     model, _ = pair
     linear = model.unembed.original_component
     before = linear.bias.detach().clone()  # the bridge's zeros, where the checkpoint has none
-    vs = [v for v in patch_exp.variants(model.cfg.n_layers, model.cfg.n_heads, 6, ["mlp-out"])
+    vs = [v for v in patch_exp.variants(model.cfg, 6, ["mlp-out"])
           if v.label["position"] >= 4]
     metric = LogitDiff(TARGET, CONTRAST)
     gen = torch.Generator().manual_seed(0)

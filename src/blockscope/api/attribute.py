@@ -23,8 +23,9 @@ class AttributeOptions(Options):
     pair: Pair = group(Pair)
     method: Annotated[Attribution, typer.Option(
         help="atp: the gradient at the corrupted run (two forwards, one backward); ig: the "
-        "gradient averaged over --ig-steps points from the corrupted to the clean input."
-        )] = Attribution.atp
+        "gradient averaged over --ig-steps points from the corrupted to the clean input; "
+        "atp-star: atp with the QK fix for q and k, and GradDrop's bound (one more backward "
+        "per block) to rank the cells by.")] = Attribution.atp
     ig_steps: Annotated[int, typer.Option(
         help="Points on the path for --method ig (k/m for k = 0..m-1; 1 is atp).")] = 5
     check_cells: Annotated[str, typer.Option(
@@ -80,6 +81,7 @@ def attribute(o: AttributeOptions):
                     metric=df.attrs["metric"], method=o.method.value,
                     ig_steps=o.ig_steps if ig else None, sign=experiment.SIGN_RULE,
                     path_rule=experiment.PATH_RULE if ig else None,
+                    star_rule=experiment.STAR_RULE if o.method == "atp-star" else None,
                     clean_value=df.attrs["clean"], corrupted_value=df.attrs["corrupted"],
                     attribution=df.attrs["attribution"], check=df.attrs["check"],
                     check_rule=experiment.CHECK_RULE, seed=o.seed,

@@ -65,13 +65,14 @@ def strongest(df, column: str):
     between the sites, each named as the tables name a cell (␣ for a token's space)."""
     import pandas as pd
 
+    from blockscope.experiments.patch import HEADS
     from blockscope.inputs.text import visible
 
     sites = list(dict.fromkeys(df["site"]))
     each = max(3, 10 // len(sites))
     top = pd.concat([part.reindex(part[column].abs().sort_values(ascending=False).index)
                      .head(each) for _, part in df.groupby("site", sort=False)])
-    return top.assign(where=[f"{r.site} L{r.layer} " + (f"head {r.head}" if r.site == "z" else
+    return top.assign(where=[f"{r.site} L{r.layer} " + (f"head {r.head}" if r.site in HEADS else
                                                          f"@{r.position} {visible(r.token)}")
                              for r in top.itertuples()]), each
 

@@ -32,7 +32,7 @@ import torch
 
 from blockscope.api.result import MAIN, Result
 from blockscope.errors import BadValue
-from blockscope.interventions.interchange import Edit, Site
+from blockscope.interventions.interchange import Edit, Site, heads_at
 from blockscope.interventions.removals import ScaleHeads, ScaleNeurons
 from blockscope.sweeps.interchange import Run
 from blockscope.sweeps.variant import Variant
@@ -179,8 +179,9 @@ def _check_sites(model, variants: Sequence[Variant], base: Run, T: int) -> None:
                 raise BadValue(f"{where}: layer {s.layer} is outside 0..{cfg.n_layers - 1}")
             if any(not 0 <= p < T for p in (*(s.positions or ()), *s.keys)):
                 raise BadValue(f"{where}: positions must be within 0..{T - 1}")
-            if s.head is not None and not 0 <= s.head < cfg.n_heads:
-                raise BadValue(f"{where}: head {s.head} is outside 0..{cfg.n_heads - 1}")
+            n_heads = heads_at(cfg, s.point)
+            if s.head is not None and not 0 <= s.head < n_heads:
+                raise BadValue(f"{where}: head {s.head} is outside 0..{n_heads - 1}")
 
 
 def _columns(metric) -> list[str]:

@@ -48,7 +48,8 @@ class Pair(Options):
         "without it, log P(target).", show_default=False)] = None
     site: Annotated[list[str] | None, typer.Option(
         help="What is patched (repeatable): resid-pre, attn-out, mlp-out (every layer x "
-        "position) or z (every layer x head, all positions). Default: resid-pre.",
+        "position), or z, q, k, v (every layer x head, all positions: a head's output, "
+        "query, key or value). Default: resid-pre.",
         show_default=False)] = None
 
     @property

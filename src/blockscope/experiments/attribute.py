@@ -28,13 +28,20 @@ import pandas as pd
 import torch
 
 from blockscope.errors import BadValue
-from blockscope.experiments.patch import SITES, check_lengths, check_sites, variants
+from blockscope.experiments.patch import (
+    HEADS,
+    SITES,
+    check_lengths,
+    check_sites,
+    patched,
+    variants,
+)
 from blockscope.sweeps import attribution
-from blockscope.sweeps.interchange import Run, sweep
+from blockscope.sweeps.interchange import Run
 from blockscope.sweeps.metrics import LogitDiff, TargetLogProb
 from blockscope.sweeps.settings import RunSettings
 
-METHODS = ("atp", "ig")
+METHODS = ("atp", "ig", "atp-star")
 MEANING = {
     "estimate": "the estimated change of the metric when the clean run's activation is "
     "written into the corrupted run at the row's site: " + attribution.SIGN,
@@ -43,14 +50,23 @@ MEANING = {
     "exact": "the metric of the corrupted run with the clean activation written at the row's "
     "site, computed by patching (empty where the row was not checked)",
     "exact_normalized": "(exact - corrupted) / (clean - corrupted), as patch's normalized",
-    "checked": "top: among the largest |estimate| of its site; random: drawn from the rest; "
-    "all: every cell was checked; empty: not checked",
+    "graddrop": "atp-star only: AtP*'s GradDrop, the mean over blocks l of |estimate| with "
+    "block l's writes to the residual stream given no gradient (a bound against "
+    "cancellation, in the metric's units; not signed); the cells are ranked by it",
+    "checked": "top: among the largest |estimate| of its site (atp-star: the largest "
+    "graddrop); random: drawn from the rest; all: every cell was checked; empty: not "
+    "checked",
     "z": "one head's z at every position (head column; position empty)",
 }
 
 
 SIGN_RULE = ("estimate: " + attribution.SIGN + "; normalized = estimate / (clean - "
              "corrupted), 0 the corrupted run, 1 the clean run, as patch normalises")
+STAR_RULE = ("atp-star: q and k cells by the QK fix (the block's pattern with the clean "
+             "queries, or keys, computed exactly by the model's own attention, then (A' - A) "
+             ". dM/dA), every other cell as atp; graddrop: the mean over blocks l of the "
+             "|estimate| with block l's attention and MLP writes detached, summed over L and "
+             "divided by L - 1 (Kramar et al. 2024)")
 PATH_RULE = ("ig: the gradient is the mean over alpha = k/m, k = 0..m-1, of the gradient at "
              "block 0's input corrupted + alpha (clean - corrupted), the left Riemann sum "
              "(m = 1 is atp)")
@@ -78,8 +94,9 @@ def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: in
               steps: int = 5, check: int | None = 20, seed: int = 0,
               settings: RunSettings = RunSettings()) -> pd.DataFrame:
     """One row per cell of `patch`'s grid over `sites`: `site, layer, head, position, token,
-    estimate, normalized` (estimated), `checked`, and for the checked rows `exact_<metric>`
-    and `exact_normalized` (patch's `<metric>` and `normalized`). attrs: the clean and corrupted
+    estimate, normalized` (estimated), with `atp-star` its `graddrop`, `checked`, and for
+    the checked rows `exact_<metric>` and `exact_normalized` (patch's `<metric>` and
+    `normalized`). attrs: the clean and corrupted
     values, the metric, the estimate's passes (`attribution`), the check's statistics per
     site (`agreement`), how the exact patches ran (`how`), and per row whether it is inert
     (`inert`: its patch writes the values already there)."""
@@ -89,7 +106,7 @@ def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: in
     check_count(check)
     metric = TargetLogProb(target) if contrast is None else LogitDiff(target, contrast)
     n = clean.shape[-1]
-    grid = variants(model.cfg.n_layers, model.cfg.n_heads, n, sites)
+    grid = variants(model.cfg, n, sites)
     base, sources = Run(corrupted), {"clean": Run(clean)}
     est = attribution.estimate(model, base, sources, grid, metric, method=method, steps=steps)
     lo, hi = est.base, est.sources["clean"]
@@ -101,13 +118,17 @@ def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: in
         rows.append({**v.label, "token": "" if p is None else words[p], "estimate": e,
                      "normalized": e / gap if gap else math.nan})
     df = pd.DataFrame(rows)
+    rank = "estimate"
+    if est.bound is not None:
+        df["graddrop"] = est.bound
+        rank = "graddrop"
     df["head"] = df["head"].astype("Int64")
     df["position"] = df["position"].astype("Int64")
 
-    chosen = picked(df, check, seed, est.inert)
+    chosen = picked(df, check, seed, est.inert, rank)
     df["checked"] = chosen
     picks = [i for i, c in enumerate(chosen) if c]
-    exact = sweep(model, base, sources, [grid[i] for i in picks], metric, settings)
+    exact = patched(model, base, sources, [grid[i] for i in picks], metric, settings)
     df[f"exact_{metric.name}"] = math.nan
     df.loc[picks, f"exact_{metric.name}"] = exact.values[:, 0]
     e_lo, e_hi = float(exact.base[0]), float(exact.sources["clean"][0])
@@ -120,8 +141,9 @@ def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: in
     return df
 
 
-def picked(df: pd.DataFrame, check: int | None, seed: int, inert: np.ndarray) -> list[str]:
-    """Per row, why it is checked: per site, the `check` largest |estimate| ("top") and
+def picked(df: pd.DataFrame, check: int | None, seed: int, inert: np.ndarray,
+           rank: str = "estimate") -> list[str]:
+    """Per row, why it is checked: per site, the `check` largest |rank| ("top") and
     `check` of the rest drawn with numpy's `default_rng(seed)` ("random"), never an inert
     cell (one whose patch writes the values already there: its change is 0, estimated and
     exact); every row "all" where `check` is None; "" where not checked."""
@@ -131,7 +153,7 @@ def picked(df: pd.DataFrame, check: int | None, seed: int, inert: np.ndarray) ->
     rng = np.random.default_rng(seed)
     live = df[~inert]
     for _, part in live.groupby("site", sort=False):
-        order = part["estimate"].abs().sort_values(ascending=False, kind="stable").index
+        order = part[rank].abs().sort_values(ascending=False, kind="stable").index
         top, rest = list(order[:check]), np.array(sorted(order[check:]), dtype=int)
         for i in top:
             out[i] = "top"
@@ -179,9 +201,9 @@ def _corr(a: pd.Series, b: pd.Series, kind: str) -> float:
 
 
 def where(row) -> str:
-    """A cell as the tables name it: `z L2 head 1`, `resid-pre L0 @3`."""
-    if row["site"] == "z":
-        return f"z L{row['layer']} head {row['head']}"
+    """A cell as the tables name it: `z L2 head 1`, `q L0 head 3`, `resid-pre L0 @3`."""
+    if row["site"] in HEADS:
+        return f"{row['site']} L{row['layer']} head {row['head']}"
     return f"{row['site']} L{row['layer']} @{row['position']}"
 
 

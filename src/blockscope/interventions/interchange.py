@@ -11,6 +11,9 @@ serves every sample):
 - `hook_resid_pre`, `hook_resid_post`, `hook_resid_mid`, `hook_attn_out`, `hook_mlp_out`,
   and `hook_embed` (layer None): (batch, pos, d_model) at `positions`;
 - `attn.hook_z`: (batch, pos, n_heads, d_head) at `positions`, one `head` or all;
+- `attn.hook_q`, `attn.hook_k`, `attn.hook_v`: the same, the query, key and value heads
+  before any rotary embedding (keys and values: n_key_value_heads of them, where queries
+  share them);
 - `attn.hook_attn_scores`: (batch, n_heads, query, key) at queries `positions` and `keys`;
 - `mlp.hook_post`: (batch, pos, d_mlp) at `positions`, what the MLP's output projection
   reads (some families flatten batch and position there: an edit must then take every
@@ -31,8 +34,18 @@ import torch
 from blockscope.interventions.value import Value
 
 POINTS = ("hook_embed", "hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_out",
-          "hook_resid_post", "attn.hook_z", "attn.hook_attn_scores", "mlp.hook_post")
-HEADED = ("attn.hook_z", "attn.hook_attn_scores")  # sites with a head axis
+          "hook_resid_post", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z",
+          "attn.hook_attn_scores", "mlp.hook_post")
+PER_HEAD = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z")  # (pos, heads, d_head)
+HEADED = (*PER_HEAD, "attn.hook_attn_scores")  # sites with a head axis
+
+
+def heads_at(cfg, point: str) -> int:
+    """How many heads a per-head site has on a model of config `cfg`: its key and value
+    heads for attn.hook_k and attn.hook_v (fewer where queries share them), else n_heads."""
+    if point in ("attn.hook_k", "attn.hook_v"):
+        return int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
+    return int(cfg.n_heads)
 
 
 @dataclass(frozen=True)
@@ -86,7 +99,7 @@ class Site:
         position there is from `offset` on)."""
         pos = slice(None) if self.positions is None else torch.tensor(self.positions) - offset
         head = slice(None) if self.head is None else self.head
-        if self.point == "attn.hook_z":  # (pos, n_heads, d_head)
+        if self.point in PER_HEAD:  # (pos, heads, d_head)
             return (pos, head)
         if self.point == "attn.hook_attn_scores":  # (n_heads, query, key)
             return (head, pos[:, None], torch.tensor(self.keys)[None, :])

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from blockscope.experiments.patch import HEADS
 from blockscope.results.plots import _drawable, _grid_ticks, _subplots
 
 CMAP = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}
@@ -26,12 +27,12 @@ def patch_plot(df: pd.DataFrame, metric: str, title: str) -> Figure:
                           constrained=True)
     for ax, site in zip(axes[0], sites, strict=True):
         part = df[df["site"] == site]
-        col = "head" if site == "z" else "position"
+        col = "head" if site in HEADS else "position"
         grid = part.pivot(index=col, columns="layer", values="normalized")
         span = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
         im = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
         _grid_ticks(ax, *grid.shape)
-        if site != "z":
+        if site not in HEADS:
             words = part.drop_duplicates("position").sort_values("position")["token"].tolist()
             ax.set_yticks(range(len(words)), _token_labels(words))
         ax.set_xlabel("layer (from 0)")

@@ -14,12 +14,17 @@ order, at each edit's selected values a (its positions, and head):
   source run, interpolated at block 0's input: alpha = k/m for k = 0..m-1 (the left Riemann
   sum, so that one step is AtP). Summed over every position of block 0's input, the
   estimates tend to M(source) - M(base) as m grows (completeness).
-- `graddrop` (AtP*'s GradDrop, Kramar et al. 2024): for each block l, the estimate with no
-  gradient through block l's writes to the residual stream (its attention and MLP outputs
-  detached: the gradient passes block l by the skip connection alone, and a site of block
-  l's own gets none); the score is the sum of the L absolute estimates over L - 1 (the
-  paper's mean: each head's or MLP's own block gives 0), a bound against cancellation, not
-  a signed effect. It needs two blocks or more.
+- `atp-star` (AtP*, Kramar et al. 2024), AtP with its two fixes:
+  - the QK fix: a variant that writes a block's queries or keys (every position, one head)
+    changes that block's attention pattern A nonlinearly, through the softmax. The patched
+    pattern is computed exactly (`patched_pattern`, the model's own attention), and only
+    what follows it is linearised: estimate = (A_patched - A) . dM/dA;
+  - GradDrop: for each block l, the estimates with no gradient through block l's writes to
+    the residual stream (its attention and MLP outputs detached: the gradient passes block
+    l by the skip connection alone, and a site of block l's own gets none); `bound` is the
+    sum of the L absolute estimates over L - 1 (the paper's mean: each head's or MLP's own
+    block gives 0), a bound against cancellation, not a signed effect. It needs two
+    blocks or more.
 
 The gradient is read at a `Probe` at each site: base + 0, the 0 a leaf autograd
 differentiates M by, so that the model's own forward, hooks and all, gives dM/da. Only the
@@ -36,11 +41,11 @@ import numpy as np
 import torch
 
 from blockscope.interventions import applied, hooks
-from blockscope.interventions.interchange import Edit, Patch, Site
+from blockscope.interventions.interchange import Edit, Patch, Site, heads_at
 from blockscope.sweeps.interchange import Run, capture
 from blockscope.sweeps.variant import Variant
 
-METHODS = ("atp", "ig", "graddrop")
+METHODS = ("atp", "ig", "atp-star")
 SIGN = ("estimate of M(base run with the source's activation written at the row's site) - "
         "M(base run): positive where the patch moves the metric up; the gradient is taken "
         "on the base run (the corrupted prompt), the difference points to the source run "
@@ -81,6 +86,8 @@ class Estimates:
     base: float  # M(base run)
     sources: dict[str, float]  # M(each source run)
     how: dict = field(default_factory=dict)  # method, steps, passes, seconds
+    bound: np.ndarray | None = None  # (V,) atp-star's GradDrop: the mean |estimate| with
+    #   one block's gradient dropped at a time, a bound against cancellation
 
 
 def metric_of(metric, logits: torch.Tensor) -> torch.Tensor:
@@ -93,7 +100,7 @@ def metric_of(metric, logits: torch.Tensor) -> torch.Tensor:
 
 def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
               path: tuple[torch.Tensor, torch.Tensor] | None = None, steps: int = 1,
-              drop: int | None = None, rows: int = 8
+              drop: int | None = None, rows: int = 8, patterns: Sequence[int] = ()
               ) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor]]:
     """(dM/da at each hook point of `names` (1, ...) as the metric's mean over the points, M
     at the first point, the activations there as the first forward passed them (rows, ...))
@@ -101,12 +108,14 @@ def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
     source run), each (1, T, d_model), block 0's input is instead each of the `steps` points
     base + alpha (source - base), alpha = k/steps for k = 0..steps-1, one per batch row,
     `rows` points a forward and backward. With `drop`, block `drop`'s attention and MLP
-    writes are detached."""
+    writes are detached. `patterns`: blocks whose attention pattern (attn.hook_pattern,
+    (n_heads, T, T) a row) is probed too, under its hook name."""
     alphas = torch.arange(steps if path is not None else 1, dtype=torch.float64) / steps
     total: dict[str, torch.Tensor] = {}
     first = None
     for chunk in alphas.split(rows):
         probes = {name: Probe() for name in names}
+        seen = {f"blocks.{j}.attn.hook_pattern": Probe() for j in patterns}
         edits = []
         if path is not None:
             lo, hi = path
@@ -117,7 +126,9 @@ def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
             edits += [Edit(Site(point, drop), Detach())
                       for point in ("hook_attn_out", "hook_mlp_out")]
         batch = tokens.to(model.cfg.device).expand(len(chunk), -1)
-        with torch.enable_grad(), applied(model, hooks(edits)):
+        raw = [(name, lambda act, hook=None, p=p: p.apply(act)) for name, p in seen.items()]
+        probes |= seen  # a pattern is probed by a hook of its own: it is no edit's site
+        with torch.enable_grad(), applied(model, [*hooks(edits), *raw]):
             values = metric_of(metric, model(batch, return_type="logits")[:, -1].float())
         missing = [n for n, p in probes.items() if p.zero is None]
         if missing:
@@ -131,6 +142,71 @@ def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
         if first is None:
             first = (float(values[0].detach()), {n: p.base for n, p in probes.items()})
     return {n: g / len(alphas) for n, g in total.items()}, *first
+
+
+class _Stop(Exception):
+    """Ends a forward once the pattern it was run for has been read."""
+
+
+def patched_pattern(model, tokens: torch.Tensor, layer: int, point: str,
+                    source: torch.Tensor) -> torch.Tensor:
+    """Block `layer`'s attention pattern (n_heads, T, T) on the run of `tokens` (1, T) with
+    the whole of `point` (attn.hook_q or attn.hook_k: every head, every position) written
+    from `source` (1, T, heads, d_head), the forward stopped there, by the model's own
+    attention (its scale, rotary, mask and softcap). A head's pattern depends on its own
+    query and key alone: query head h's pattern is the one with only its query patched (or
+    only its key/value head's key), so one forward serves every head of the block."""
+    seen = {}
+
+    def read(act, hook=None):
+        seen["pattern"] = act.detach()[0].clone()
+        raise _Stop
+
+    edit = Edit(Site(point, layer), Patch(), source)
+    try:
+        with torch.inference_mode(), applied(model, [*hooks([edit]), (
+                f"blocks.{layer}.attn.hook_pattern", read)]):
+            model(tokens.to(model.cfg.device), return_type="logits")
+    except _Stop:
+        pass
+    return seen["pattern"]
+
+
+QK = ("attn.hook_q", "attn.hook_k")
+
+
+def _qk_deltas(model, base: Run, variants: Sequence[Variant], sources: dict,
+               base_acts: dict) -> dict[tuple[str, str], torch.Tensor]:
+    """The QK fix's exact change of each block's pattern (n_heads, T, T) when a source run's
+    queries, or keys, are written at every position: (source, hook name) -> delta. The
+    base run's patterns are in `base_acts` (what the probes saw)."""
+    out = {}
+    for v in variants:
+        for e in v.edits:
+            key = (e.source, e.site.name)
+            if e.site.point not in QK or key in out:
+                continue
+            if e.site.positions is not None and set(e.site.positions) != set(
+                    range(base.tokens.shape[-1])):
+                raise ValueError(f"variant {v.label}: the QK fix takes queries and keys "
+                                 "written at every position")
+            pattern = base_acts[f"blocks.{e.site.layer}.attn.hook_pattern"]
+            out[key] = patched_pattern(model, base.tokens, e.site.layer, e.site.point,
+                                       sources[e.source][e.site.name][:1]) - pattern[0]
+    return out
+
+
+def _qk_term(model, e: Edit, delta: torch.Tensor, grad: torch.Tensor) -> float:
+    """Sum over the query heads edit `e` reaches (its query head, or the query heads that
+    share its key head) of delta . dM/dA."""
+    n_heads = model.cfg.n_heads
+    if e.site.point == "attn.hook_q":
+        heads = list(range(n_heads)) if e.site.head is None else [e.site.head]
+    else:  # a key head serves n_heads / n_kv query heads, in order
+        group = n_heads // heads_at(model.cfg, "attn.hook_k")
+        kv = range(heads_at(model.cfg, "attn.hook_k")) if e.site.head is None else [e.site.head]
+        heads = [h for j in kv for h in range(j * group, (j + 1) * group)]
+    return float((delta[heads].double() * grad[0, heads].double()).sum())
 
 
 def _whole(name: str) -> Site:
@@ -154,7 +230,8 @@ def _check(variants: Sequence[Variant], sources: dict) -> None:
 def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant], metric,
              method: str = "atp", steps: int = 1, progress=None) -> Estimates:
     """Every patch variant's estimated change of `metric` (see the module), and M of the
-    base and source runs. `ig` and `graddrop` need one source run (the path's end)."""
+    base and source runs. `ig` and `atp-star` need one source run (the path's end, the
+    run GradDrop's estimates patch from)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}")
     _check(variants, sources)
@@ -163,13 +240,16 @@ def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Varia
             raise ValueError(f"attribution takes plain runs: run {name!r} has edits or samples")
     if method != "atp" and len(sources) != 1:
         raise ValueError(f"{method} needs exactly one source run, the path's end")
-    if method == "graddrop" and model.cfg.n_layers < 2:
-        raise ValueError("graddrop needs two blocks or more")
+    n_layers = model.cfg.n_layers
+    if method == "atp-star" and n_layers < 2:
+        raise ValueError("atp-star's GradDrop needs two blocks or more")
     started = time.perf_counter()
     names = sorted({e.site.name for v in variants for e in v.edits})
+    qk = sorted({e.site.layer for v in variants for e in v.edits if e.site.point in QK}
+                ) if method == "atp-star" else []
     held = {n: capture(model, run, names + ["blocks.0.hook_resid_pre"])
             for n, run in sources.items()}
-    n_layers = model.cfg.n_layers
+    acts = {k: c.acts for k, c in held.items()}
     passes = {"forwards": len(sources), "backwards": 0}
     if method == "ig":
         kept = capture(model, base, names + ["blocks.0.hook_resid_pre"])
@@ -180,45 +260,53 @@ def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Varia
         passes["forwards"] += 1 + steps
         passes["backwards"] += steps
     else:
-        grads, value, base_acts = gradients(model, base.tokens, names, metric)
+        grads, value, base_acts = gradients(model, base.tokens, names, metric, patterns=qk)
         passes["forwards"] += 1
         passes["backwards"] += 1
     if progress:
         progress(total=len(variants))
-    acts = {k: c.acts for k, c in held.items()}
-    values, inert = _linear(variants, grads, base_acts, acts)
-    if method == "graddrop":
+    deltas = _qk_deltas(model, base, variants, acts, base_acts) if qk else {}
+    passes["forwards"] += len(deltas)  # each stopped at its block
+    values, inert = _linear(model, variants, grads, base_acts, acts, deltas)
+    bound = None
+    if method == "atp-star":  # GradDrop, the QK fix in every pass
         total = np.zeros(len(variants))
         for layer in range(n_layers):
-            dropped, _, _ = gradients(model, base.tokens, names, metric, drop=layer)
-            total += np.abs(_linear(variants, dropped, base_acts, acts)[0])
-        values = total / (n_layers - 1)
+            dropped, _, _ = gradients(model, base.tokens, names, metric, drop=layer,
+                                      patterns=qk)
+            total += np.abs(_linear(model, variants, dropped, base_acts, acts, deltas)[0])
+        bound = total / (n_layers - 1)
         passes["forwards"] += n_layers
         passes["backwards"] += n_layers
     if progress:
         for _ in variants:
             progress()
     how = {"method": method, "steps": steps if method == "ig" else None, **passes,
-           "seconds": round(time.perf_counter() - started, 3)}
+           "qk_fixed_blocks": len(qk) or None, "seconds": round(time.perf_counter() - started, 3)}
     return Estimates(values, inert, value,
                      {n: float(metric_of(metric, c.logits)[0]) for n, c in held.items()},
-                     {k: v for k, v in how.items() if v is not None})
+                     {k: v for k, v in how.items() if v is not None}, bound)
 
 
-def _linear(variants: Sequence[Variant], grads: dict, base: dict, sources: dict
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """(sum over each variant's edits of (a_source - a_base) . g at the edit's selection,
-    whether every such difference is 0)."""
-    deltas: dict[tuple[str, str], torch.Tensor] = {}
+def _linear(model, variants: Sequence[Variant], grads: dict, base: dict, sources: dict,
+            deltas: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(each variant's estimate: the sum over its edits of (a_source - a_base) . g at the
+    edit's selection, or with the QK fix (`deltas` holds its site) the exact change of the
+    pattern . dM/dA; whether every activation difference it writes is 0)."""
+    diffs: dict[tuple[str, str], torch.Tensor] = {}
     out, inert = np.empty(len(variants)), np.ones(len(variants), dtype=bool)
     for i, v in enumerate(variants):
         total = 0.0
         for e in v.edits:
             key = (e.source, e.site.name)
-            if key not in deltas:  # the whole site's difference, one run of the batch
-                deltas[key] = (sources[e.source][e.site.name][0] - base[e.site.name][0]).double()
-            delta = deltas[key][e.site.index()]
-            total += float((delta * grads[e.site.name][0].double()[e.site.index()]).sum())
+            if key not in diffs:  # the whole site's difference, one run of the batch
+                diffs[key] = (sources[e.source][e.site.name][0] - base[e.site.name][0]).double()
+            delta = diffs[key][e.site.index()]
+            if key in deltas:
+                total += _qk_term(model, e, deltas[key],
+                                  grads[f"blocks.{e.site.layer}.attn.hook_pattern"])
+            else:
+                total += float((delta * grads[e.site.name][0].double()[e.site.index()]).sum())
             inert[i] &= not bool(delta.any())
         out[i] = total
     return out, inert

@@ -71,6 +71,8 @@ def unsupported(model, plain, variants: Sequence[Variant]) -> str | None:
                 return f"an edit at {e.site.name} reading the later {e.source.name}"
             if e.site.point == "hook_embed":
                 return "an edit at hook_embed (before the position embeddings)"
+            if e.site.point in ("attn.hook_q", "attn.hook_k", "attn.hook_v"):
+                return f"an edit at {e.site.point} (inside the attention)"
             if e.site.point == "hook_resid_mid" and plain[e.site.layer].parallel:
                 return "hook_resid_mid in a parallel block"
     return None
