@@ -15,9 +15,9 @@ from blockscope.versions import __version__  # noqa: F401
 
 __all__ = [
     "BlockscopeError", "Result", "load",
-    "ablate", "attention", "attribute", "head_roles", "knockout", "layernorm", "logit_lens",
-    "mlp_memory", "norm_placement", "params", "patch", "prune_blocks", "prune_heads",
-    "rearrange", "reproduce", "resid_norm", "shapes", "trace",
+    "ablate", "attention", "attribute", "circuit", "head_roles", "knockout", "layernorm",
+    "logit_lens", "mlp_memory", "norm_placement", "params", "patch", "prune_blocks",
+    "prune_heads", "rearrange", "reproduce", "resid_norm", "shapes", "trace",
     # the extension API: your own variants and metrics on the engine (docs/extending.md)
     "AddNoise", "Edit", "EngineFallback", "Knockout", "LogitDiff", "Patch", "Run", "Site",
     "TargetLogProb", "TargetProb", "Variant", "sweep",

@@ -35,6 +35,12 @@ class Attribution(StrEnum):
     atp_star = "atp-star"
 
 
+class Granularity(StrEnum):
+    """What attribute scores: patch's cells (nodes), or the edges between components."""
+    node = "node"
+    edge = "edge"
+
+
 class Dtype(StrEnum):
     """The floating-point type the weights and activations run in."""
     float32 = "float32"

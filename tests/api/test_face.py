@@ -24,6 +24,8 @@ CASES = {
     "attention": dict(prompt="The capital", layer="1"),
     "attribute": dict(clean=PROMPT, corrupted="The capital of Italy is", target=" Paris",
                       contrast=" Rome", site=["z"], check_cells="2"),
+    "circuit": dict(clean=PROMPT, corrupted="The capital of Italy is", target=" Paris",
+                    contrast=" Rome", method="atp"),
     "head-roles": dict(text=ALICE, max_tokens=40, n_random=2),
     "knockout": dict(prompt=PROMPT, subject="France", target=" Paris", window=2),
     "layernorm": dict(values=[1.0, 2.0, 4.0]),

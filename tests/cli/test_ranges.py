@@ -97,6 +97,10 @@ PAST = [
     (["toy-model", "{tmp}/toy"], "--seed", -1, "--seed must be between 0"),
     (["attribute", *PAIR], "--ig-steps", 0, "--ig-steps must be between 1 and 1,000"),
     (["attribute", *PAIR], "--ig-steps", 1001, "--ig-steps must be between 1 and 1,000"),
+    (["circuit", *PAIR], "--ig-steps", 0, "--ig-steps must be between 1 and 1,000"),
+    (["circuit", *PAIR], "--ig-steps", 1001, "--ig-steps must be between 1 and 1,000"),
+    (["circuit", *PAIR], "--faithfulness", 0, "--faithfulness must be a share in (0, 1]"),
+    (["circuit", *PAIR], "--faithfulness", 1.5, "--faithfulness must be a share in (0, 1]"),
 ]
 
 NO_MODEL = {"layernorm", "norm-placement", "params", "toy-model"}
@@ -104,7 +108,7 @@ NO_MODEL = {"layernorm", "norm-placement", "params", "toy-model"}
 # What each command needs to get as far as its checks.
 NEEDS = {"ablate": [], "head-roles": ["--max-tokens", 30], "knockout": FACT, "trace": FACT,
          "logit-lens": PROMPT, "mlp-memory": PROMPT, "norm-placement": [], "params": [],
-         "patch": PAIR, "attribute": PAIR,
+         "patch": PAIR, "attribute": PAIR, "circuit": PAIR,
          "prune-blocks": [], "prune-heads": [], "rearrange": ["--reverse", "0:2"],
          "resid-norm": PROMPT, "shapes": PROMPT, "toy-model": ["{tmp}/toy"],
          "layernorm": [1, 2], "attention": PROMPT}

@@ -162,6 +162,15 @@ FACT = {"prompt": "The capital of France is", "subject": "France", "target": " P
      "the same number of tokens (--clean is 6, --corrupted 8)"),
     (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x y"],
      "--target ' x y' is 2 tokens"),
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--granularity",
+      "edge", "--site", "z"], "--site goes with node granularity"),
+    (["attribute", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--granularity",
+      "edge", "--method", "atp-star"], "--method atp-star scores nodes"),
+    (["circuit", "--clean", "A b", "--corrupted", "A c", "--target", " x", "--method",
+      "atp-star"], "--method atp-star scores nodes; edges are ranked by atp or ig"),
+    (["circuit", "--clean", "The capital of France is", "--corrupted",
+      "The capital of the United Kingdom is", "--target", " Paris"],
+     "the same number of tokens (--clean is 6, --corrupted 8)"),
     # a facts file's lines, named (line 2 is blank)
     (["trace", "--facts", "{facts:subject=Germany}"],
      "--facts {path}, line 3: subject 'Germany' is not in the prompt 'The capital of France "

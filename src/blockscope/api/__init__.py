@@ -10,6 +10,7 @@ from blockscope.api import (  # noqa: F401  (registers the commands: one module 
     ablate,
     attention,
     attribute,
+    circuit,
     get_model,
     head_roles,
     knockout,

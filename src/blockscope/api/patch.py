@@ -10,18 +10,24 @@ from typing import ClassVar
 from blockscope.api.common import command, engine_record
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.api.output import write
-from blockscope.api.text_options import Pair, Sweep
+from blockscope.api.text_options import Pair, SiteOpt, Sweep, sites_of
 
 
 @dataclass
 class PatchOptions(Options):
     name: ClassVar[str] = "patch"
     pair: Pair = group(Pair)
+    site: SiteOpt = None
     sweep: Sweep = group(Sweep)
     prepend_bos: PromptBosOpt = True
     bos_token: BosTokenOpt = None
     load: Load = group(Load)
     out: Output = group(Output)
+
+    def check(self) -> None:
+        from blockscope.experiments.patch import check_sites
+
+        check_sites(sites_of(self.site))
 
 
 @command
@@ -42,11 +48,12 @@ def patch(o: PatchOptions):
     run, target, contrast = pair.open(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
     with progress_bar(err, 1, "patching", not o.out.quiet, o.out.reporter) as tick:
         df = experiment.patch(run.model, run.tokens, run.other, target=target,
-                              contrast=contrast, sites=pair.sites,
+                              contrast=contrast, sites=sites_of(o.site),
                               settings=o.sweep.settings().reporting(tick))
     metric = df.attrs["metric"]
-    meta = run.meta("patch", o.prepend_bos, started, **pair.record(run), metric=metric,
-                    clean_value=df.attrs["clean"], corrupted_value=df.attrs["corrupted"],
+    meta = run.meta("patch", o.prepend_bos, started, **pair.record(run),
+                    sites=sites_of(o.site), metric=metric, clean_value=df.attrs["clean"],
+                    corrupted_value=df.attrs["corrupted"],
                     **engine_record(df), columns=experiment.MEANING)
     stem = f"patch-{run.spec.slug}"
     extra = {}

@@ -31,10 +31,21 @@ SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstrap, the halves an
 PositionOpt = Annotated[int, typer.Option(help="Token index; negative counts from the end.")]
 
 
+SiteOpt = Annotated[list[str] | None, typer.Option(
+    help="What is patched (repeatable): resid-pre, attn-out, mlp-out (every layer x "
+    "position), or z, q, k, v (every layer x head, all positions: a head's output, query, "
+    "key or value). Default: resid-pre.", show_default=False)]
+
+
+def sites_of(site: list[str] | None) -> list[str]:
+    """--site's values, once each, in order (resid-pre when none)."""
+    return list(dict.fromkeys(site or ["resid-pre"]))
+
+
 @dataclass
 class Pair(Options):
-    """Two prompts of the same length, the clean answer and its contrast, and the sites of
-    patch's grid (patch, attribute)."""
+    """Two prompts of the same length, the clean answer and its contrast (patch, attribute,
+    circuit)."""
 
     clean: Annotated[str, typer.Option(help="The clean prompt, e.g. 'The capital of France "
                                        "is'.", show_default=False)]
@@ -46,21 +57,9 @@ class Pair(Options):
     contrast: Annotated[str | None, typer.Option(
         help="The corrupted answer (' Rome'): the metric is then the logit difference; "
         "without it, log P(target).", show_default=False)] = None
-    site: Annotated[list[str] | None, typer.Option(
-        help="What is patched (repeatable): resid-pre, attn-out, mlp-out (every layer x "
-        "position), or z, q, k, v (every layer x head, all positions: a head's output, "
-        "query, key or value). Default: resid-pre.",
-        show_default=False)] = None
-
-    @property
-    def sites(self) -> list[str]:
-        return list(dict.fromkeys(self.site or ["resid-pre"]))
-
     def check(self) -> None:
         from blockscope.api.options import tokens_given
-        from blockscope.experiments.patch import check_sites
 
-        check_sites(self.sites)
         tokens_given(target=self.target, contrast=self.contrast)
 
     def open(self, load, prepend_bos: bool, bos_token, quiet: bool):
@@ -81,7 +80,7 @@ class Pair(Options):
     def record(self, run) -> dict:
         """What the sidecar records of the pair, beside the clean prompt's own fields."""
         return {"corrupted": self.corrupted, "corrupted_tokens": run.other[0].tolist(),
-                "target": self.target, "contrast": self.contrast, "sites": self.sites}
+                "target": self.target, "contrast": self.contrast}
 
     def metric_text(self) -> str:
         """The metric as the tables name it, tokens shown as they show them (␣Paris)."""

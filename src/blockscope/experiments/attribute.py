@@ -67,6 +67,10 @@ STAR_RULE = ("atp-star: q and k cells by the QK fix (the block's pattern with th
              ". dM/dA), every other cell as atp; graddrop: the mean over blocks l of the "
              "|estimate| with block l's attention and MLP writes detached, summed over L and "
              "divided by L - 1 (Kramar et al. 2024)")
+EDGE_CHECK_RULE = ("the K edges of largest |estimate| (top) and K drawn from the rest with "
+                   "numpy default_rng(seed) (random) are patched exactly: one forward of the "
+                   "corrupted run whose reader reads the clean run's writer there, at every "
+                   "position (sweeps.edges.rewired)")
 PATH_RULE = ("ig: the gradient is the mean over alpha = k/m, k = 0..m-1, of the gradient at "
              "block 0's input corrupted + alpha (clean - corrupted), the left Riemann sum "
              "(m = 1 is atp)")
@@ -201,7 +205,10 @@ def _corr(a: pd.Series, b: pd.Series, kind: str) -> float:
 
 
 def where(row) -> str:
-    """A cell as the tables name it: `z L2 head 1`, `q L0 head 3`, `resid-pre L0 @3`."""
+    """A cell as the tables name it: `z L2 head 1`, `q L0 head 3`, `resid-pre L0 @3`, or an
+    edge `a0.2 -> q1.3`."""
+    if "writer" in row:
+        return f"{row['writer']} -> {row['reader']}"
     if row["site"] in HEADS:
         return f"{row['site']} L{row['layer']} head {row['head']}"
     return f"{row['site']} L{row['layer']} @{row['position']}"

@@ -139,3 +139,24 @@ def attribute_plot(df: pd.DataFrame, title: str) -> Figure:
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def circuit_plot(curve: pd.DataFrame, title: str) -> Figure:
+    """Faithfulness against the circuit's size (edges kept, log scale), the threshold and
+    the smallest circuit that reaches it marked."""
+    a = curve.attrs
+    fig, ax = _subplots(figsize=(7.5, 4.2), constrained=True)
+    ax.plot(curve["n_edges"], curve["faithfulness"], marker="o", ms=3)
+    ax.axhline(a["threshold"], color="C1", lw=0.8, ls="--",
+               label=f"threshold {a['threshold']:.0%}")
+    ax.axhline(1, color="grey", lw=0.6)
+    ax.axhline(0, color="grey", lw=0.6)
+    if a.get("smallest"):
+        ax.axvline(a["smallest"], color="C2", lw=0.8,
+                   label=f"smallest: {a['smallest']:,} of {a['total_edges']:,} edges")
+    ax.set_xscale("log")
+    ax.set_xlabel("edges kept (the top by |estimate|)")
+    ax.set_ylabel("faithfulness (0 corrupted, 1 clean)")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    return fig

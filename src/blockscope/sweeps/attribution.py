@@ -127,6 +127,8 @@ def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
                       for point in ("hook_attn_out", "hook_mlp_out")]
         batch = tokens.to(model.cfg.device).expand(len(chunk), -1)
         raw = [(name, lambda act, hook=None, p=p: p.apply(act)) for name, p in seen.items()]
+        if LAST in model.hook_dict:  # the unembedding, forward and backward, at the last
+            raw.append((LAST, _last))  # position alone: the metric reads no other
         probes |= seen  # a pattern is probed by a hook of its own: it is no edit's site
         with torch.enable_grad(), applied(model, [*hooks(edits), *raw]):
             values = metric_of(metric, model(batch, return_type="logits")[:, -1].float())
@@ -142,6 +144,14 @@ def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
         if first is None:
             first = (float(values[0].detach()), {n: p.base for n, p in probes.items()})
     return {n: g / len(alphas) for n, g in total.items()}, *first
+
+
+LAST = "unembed.hook_in"
+
+
+def _last(act: torch.Tensor, hook=None) -> torch.Tensor:
+    """The final residual at the last position only (batch, 1, d_model)."""
+    return act[:, -1:]
 
 
 class _Stop(Exception):
@@ -196,17 +206,14 @@ def _qk_deltas(model, base: Run, variants: Sequence[Variant], sources: dict,
     return out
 
 
-def _qk_term(model, e: Edit, delta: torch.Tensor, grad: torch.Tensor) -> float:
-    """Sum over the query heads edit `e` reaches (its query head, or the query heads that
-    share its key head) of delta . dM/dA."""
-    n_heads = model.cfg.n_heads
-    if e.site.point == "attn.hook_q":
-        heads = list(range(n_heads)) if e.site.head is None else [e.site.head]
-    else:  # a key head serves n_heads / n_kv query heads, in order
-        group = n_heads // heads_at(model.cfg, "attn.hook_k")
-        kv = range(heads_at(model.cfg, "attn.hook_k")) if e.site.head is None else [e.site.head]
-        heads = [h for j in kv for h in range(j * group, (j + 1) * group)]
-    return float((delta[heads].double() * grad[0, heads].double()).sum())
+def _qk_terms(model, point: str, delta: torch.Tensor, grad: torch.Tensor) -> np.ndarray:
+    """Per head of `point` (a query head, or a key head: the query heads that share it),
+    the QK fix's term: delta . dM/dA over the query heads it reaches, (heads,)."""
+    per_query = (delta.double() * grad[0].double()).flatten(1).sum(-1)  # (n_heads,)
+    if point == "attn.hook_q":
+        return per_query.cpu().numpy()
+    n_kv = heads_at(model.cfg, "attn.hook_k")  # a key head serves n_heads / n_kv in order
+    return per_query.view(n_kv, -1).sum(-1).cpu().numpy()
 
 
 def _whole(name: str) -> Site:
@@ -247,12 +254,12 @@ def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Varia
     names = sorted({e.site.name for v in variants for e in v.edits})
     qk = sorted({e.site.layer for v in variants for e in v.edits if e.site.point in QK}
                 ) if method == "atp-star" else []
-    held = {n: capture(model, run, names + ["blocks.0.hook_resid_pre"])
+    held = {n: capture(model, run, names + ["blocks.0.hook_resid_pre"], last=True)
             for n, run in sources.items()}
     acts = {k: c.acts for k, c in held.items()}
     passes = {"forwards": len(sources), "backwards": 0}
     if method == "ig":
-        kept = capture(model, base, names + ["blocks.0.hook_resid_pre"])
+        kept = capture(model, base, names + ["blocks.0.hook_resid_pre"], last=True)
         (src,) = held.values()
         path = (kept.acts["blocks.0.hook_resid_pre"][:1], src.acts["blocks.0.hook_resid_pre"][:1])
         grads, _, _ = gradients(model, base.tokens, names, metric, path=path, steps=steps)
@@ -292,21 +299,36 @@ def _linear(model, variants: Sequence[Variant], grads: dict, base: dict, sources
             deltas: dict) -> tuple[np.ndarray, np.ndarray]:
     """(each variant's estimate: the sum over its edits of (a_source - a_base) . g at the
     edit's selection, or with the QK fix (`deltas` holds its site) the exact change of the
-    pattern . dM/dA; whether every activation difference it writes is 0)."""
-    diffs: dict[tuple[str, str], torch.Tensor] = {}
+    pattern . dM/dA; whether every activation difference it writes is 0). The products are
+    summed over the feature axis once per site, (pos,) or (pos, heads), so that a variant
+    costs an index into those sums."""
+    sums: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     out, inert = np.empty(len(variants)), np.ones(len(variants), dtype=bool)
     for i, v in enumerate(variants):
         total = 0.0
         for e in v.edits:
             key = (e.source, e.site.name)
-            if key not in diffs:  # the whole site's difference, one run of the batch
-                diffs[key] = (sources[e.source][e.site.name][0] - base[e.site.name][0]).double()
-            delta = diffs[key][e.site.index()]
-            if key in deltas:
-                total += _qk_term(model, e, deltas[key],
-                                  grads[f"blocks.{e.site.layer}.attn.hook_pattern"])
-            else:
-                total += float((delta * grads[e.site.name][0].double()[e.site.index()]).sum())
-            inert[i] &= not bool(delta.any())
+            if key not in sums:
+                diff = (sources[e.source][e.site.name][0] - base[e.site.name][0]).double()
+                changed = diff.ne(0).flatten(2 if diff.dim() > 2 else 1).any(-1)
+                if key in deltas:  # (pos, heads): the QK fix's terms, one per head
+                    per = _qk_terms(model, e.site.point, deltas[key],
+                                    grads[f"blocks.{e.site.layer}.attn.hook_pattern"])
+                    terms = np.zeros(tuple(changed.shape))
+                    terms[0] = per  # the head's whole term, at its first position
+                else:
+                    terms = (diff * grads[e.site.name][0].double()).flatten(
+                        2 if diff.dim() > 2 else 1).sum(-1).cpu().numpy()
+                sums[key] = terms, changed.cpu().numpy()
+            terms, changed = sums[key]
+            at = _at(e.site)
+            total += float(terms[at].sum())
+            inert[i] &= not bool(changed[at].any())
         out[i] = total
     return out, inert
+
+
+def _at(site: Site) -> tuple:
+    """A site's selection in its per-position (or per-position-and-head) sums."""
+    pos = slice(None) if site.positions is None else list(site.positions)
+    return (pos,) if site.head is None else (pos, site.head)

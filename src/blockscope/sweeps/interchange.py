@@ -66,10 +66,13 @@ class Outcome:
     how: dict = field(default_factory=dict)
 
 
-def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False
-            ) -> Captured:
+def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False,
+            last: bool = False) -> Captured:
     """One forward of `run` (its edits on), keeping the hook points `names` (as edited) and,
-    with `blocks`, each block's input, the final residual and each block's call."""
+    with `blocks`, each block's input, the final residual and each block's call. With
+    `last`, the unembedding runs at the last position alone (where the model has
+    `unembed.hook_in`): the same logits to float32 rounding, a product over the vocabulary
+    the length of the prompt cheaper."""
     n = model.cfg.n_layers
     pre: list = [None] * (n + 1)
     acts: dict[str, torch.Tensor] = {}
@@ -99,6 +102,8 @@ def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False
 
         handles = [b.register_forward_pre_hook(record(i), with_kwargs=True)
                    for i, b in enumerate(model.blocks)]
+    if last and "unembed.hook_in" in model.hook_dict:
+        hooks.append(("unembed.hook_in", lambda act, hook=None: act[:, -1:]))
     tokens = run.tokens.to(model.cfg.device).expand(run.samples, -1)  # (S, T)
     try:
         with torch.inference_mode(), applied(model, hooks):
