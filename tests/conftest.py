@@ -119,7 +119,10 @@ def four_blocks(request, tmp_path_factory, alice_text):
 # The longest modules first: under `--dist loadscope` a module runs whole on one worker, so
 # one that starts last sets the suite's wall time while the other worker idles.
 LONGEST_FIRST = ("tests/model/test_families.py", "tests/sweeps/test_engine.py",
-                 "tests/cli/test_corpus_cli.py", "tests/inputs/test_corpus.py")
+                 "tests/cli/test_corpus_cli.py", "tests/experiments/test_interchange.py",
+                 "tests/cli/test_resume.py", "tests/api/test_face.py",
+                 "tests/cli/test_usability.py", "tests/inputs/test_corpus.py",
+                 "tests/experiments/test_attribute.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -109,19 +109,18 @@ def attribute(o: AttributeOptions):
                     check_rule=experiment.EDGE_CHECK_RULE if edge else experiment.CHECK_RULE,
                     seed=o.seed, agreement=df.attrs["agreement"],
                     **({} if edge else engine_record(df)), columns=MEANING)
+    shown_as = {"atp": "EAP", "ig": "EAP-IG"}[o.method.value] if edge else o.method.value
     stem = f"attribute-{run.spec.slug}"
     extra = {}
     if o.out.plot and (df["checked"] != "").any():
         from blockscope.results.interchange_plots import attribute_plot
 
         extra[f"{stem}.png"] = attribute_plot(df.assign(site="edge") if edge else df,
-                                              f"{run.spec.label}: {o.method.value} "
+                                              f"{run.spec.label}: {shown_as} "
                                               f"against exact patching, {pair.clean!r} into "
                                               f"{pair.corrupted!r}")
     return write(o, stem, {"": df}, meta, extra=extra,
-                 shown=render(df, run.spec.label, pair.metric_text(),
-                              {"atp": "EAP", "ig": "EAP-IG"}[o.method.value] if edge
-                              else o.method.value))
+                 shown=render(df, run.spec.label, pair.metric_text(), shown_as))
 
 
 def render(df, label: str, what: str, method: str) -> list:
@@ -129,8 +128,7 @@ def render(df, label: str, what: str, method: str) -> list:
 
     import pandas as pd
 
-    from blockscope.api.patch import strongest
-    from blockscope.results.render import table
+    from blockscope.results.render import strongest, table
 
     edges = "writer" in df
     if edges:  # the 10 strongest edges, named writer -> reader
@@ -158,7 +156,8 @@ def render(df, label: str, what: str, method: str) -> list:
                          "at": miss.get("where", "").removeprefix(site).strip(),
                          "random": abs(rand.get("exact_normalized", math.nan))})
         tables.append(table(pd.DataFrame(rows), {
-            "site": ("site", "s"), "checked": ("cells", "d"), "pearson": ("Pearson", ".2f"),
+            "site": ("site", "s"), "checked": ("edges" if edges else "cells", "d"),
+            "pearson": ("Pearson", ".2f"),
             "spearman": ("Spearman", ".2f"), "miss": ("miss", ".1%"),
             "at": ("at", "s"), "random": ("random", ".1%")},
             title=f"How far to trust {method}: estimate against exact patching",

@@ -3,6 +3,8 @@ knockout curves. Layers are counted from 0 here, as in the CSVs."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -137,7 +139,8 @@ def attribute_plot(df: pd.DataFrame, title: str) -> Figure:
         ax.set_title(f"{site}: Pearson {rec.get('pearson', float('nan')):.2f}, "
                      f"Spearman {rec.get('spearman', float('nan')):.2f}", fontsize=9)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(title, fontsize=10)
+    width = 3.6 * len(sites) + 0.6
+    fig.suptitle(textwrap.fill(title, int(11 * width)), fontsize=10)  # ~11 characters an inch
     return fig
 
 

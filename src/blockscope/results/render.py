@@ -275,3 +275,21 @@ def claims_table(claims, title: str = "the article's claims, measured here"):
     shown = claims.assign(shown=claims["shown"].map({True: "yes", False: "NOT shown here"}))
     return table(shown, {c: (c, "s") for c in ("claim", "measured", "test", "shown")},
                  title=title)
+
+
+def strongest(df, column: str):
+    """(the rows of largest |column| of each site, how many of each): so that one kind
+    (resid-pre, which carries everything) cannot fill a table, 10 rows in all, shared
+    between the sites, each named as the tables name a cell (␣ for a token's space)."""
+    import pandas as pd
+
+    from blockscope.experiments.patch import HEADS
+    from blockscope.inputs.text import visible
+
+    sites = list(dict.fromkeys(df["site"]))
+    each = max(3, 10 // len(sites))
+    top = pd.concat([part.reindex(part[column].abs().sort_values(ascending=False).index)
+                     .head(each) for _, part in df.groupby("site", sort=False)])
+    return top.assign(where=[f"{r.site} L{r.layer} " + (f"head {r.head}" if r.site in HEADS else
+                                                         f"@{r.position} {visible(r.token)}")
+                             for r in top.itertuples()]), each
