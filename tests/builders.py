@@ -124,6 +124,12 @@ key_tokens = 60
 n_layers = 2
 per_layer = 2
 claims = ["values push the stream toward Paris"]
+[attribution]
+clean = "The capital of France is"
+corrupted = "The capital of Italy is"
+target = " Paris"
+contrast = " Rome"
+sites = ["mlp-out", "z"]
 [head_roles]
 section = "What heads do"
 text = "{ALICE}"

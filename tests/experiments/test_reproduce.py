@@ -65,8 +65,8 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     # one line per experiment (reproduce once ran 16 minutes after one line), a bar inside
     lines = res.stderr.splitlines()
     stages = [line for line in lines if line.startswith("[")]
-    assert [s[: len(f"[{i}/6]")] for i, s in enumerate(stages, 1)] == [
-        f"[{i}/6]" for i in range(1, 7)]
+    assert [s[: len(f"[{i}/7]")] for i, s in enumerate(stages, 1)] == [
+        f"[{i}/7]" for i in range(1, 8)]
     said = [s.split("] ", 1)[1] for s in stages]
     five = ["ablation: skipping each block, and each removal's split",
             "residual norms: BOS x raw/processed weights", "pruning heads (gradient order)",
@@ -117,6 +117,28 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert meta["model_loaded"] is True and meta["prune_headline"]
     assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 3
     assert len(meta["mlp"]) == 6
+    # attribution, not the article's: what `attribute --check all` and `circuit` report
+    from blockscope.experiments import attribute, circuit
+    from blockscope.experiments.logit_lens import target_id
+    from blockscope.inputs.text import tokenize
+
+    model = bs.load(str(tiny_dir))
+    ids = [tokenize(model.tokenizer, t, prepend_bos=True)
+           for t in ("The capital of France is", "The capital of Italy is")]
+    answers = [target_id(model.tokenizer, t) for t in (" Paris", " Rome")]
+    df = attribute.attribute(model, *ids, target=answers[0], contrast=answers[1],
+                             sites=["mlp-out", "z"], check=None)
+    trust = {r["site"]: r for r in meta["attribution"]["trust"]}
+    assert set(trust) == {"mlp-out", "z"}
+    for site, rec in df.attrs["agreement"].items():
+        assert rec["spearman"] == rec["spearman"]  # a number: the corruption moves them
+        assert trust[site]["spearman"] == pytest.approx(rec["spearman"])
+        assert trust[site]["cells"] == rec["checked"]
+    curve, _ = circuit.circuit(model, *ids, target=answers[0], contrast=answers[1],
+                               method="ig", steps=5)
+    assert meta["attribution"]["circuit"]["smallest"] == curve.attrs["smallest"]
+    section = report.split("## Where attribution can be trusted")[1]
+    assert "| mlp-out |" in section and "| z |" in section and "blockscope circuit" in section
 
 
 def test_reproduce_offline_without_the_model(tmp_path):

@@ -61,6 +61,7 @@ def reproduce(o: Reproduce):
     """
     from blockscope.experiments.reproduce import figures as rp
     from blockscope.experiments.reproduce import sections
+    from blockscope.experiments.reproduce.attribution import attribution_section
     from blockscope.experiments.reproduce.mlp import mlp_section
     from blockscope.experiments.reproduce.run import n_stages
     from blockscope.experiments.reproduce.run import reproduce as measure
@@ -89,6 +90,7 @@ def reproduce(o: Reproduce):
                       sections.claims_section(r.model_claims, other)
                       + sections.roles_section(settings, r.roles, spec.name)
                       + mlp_section(settings, r.mlp_claims, spec.name)
+                      + attribution_section(settings, r.trust, r.circuit, spec.name)
                       + sections.norm_section(settings, r.norm_claims))
     said = [*notes(spec, article_model, other), *render(r.table, r.best, r.headline, other),
             *render_sections(r)]
@@ -99,6 +101,8 @@ def reproduce(o: Reproduce):
                    missing=missing, best_resid_variant=r.best, prune_headline=r.headline,
                    settings=settings, norm_placement=records(r.norm_claims),
                    head_roles=records(r.roles), mlp=records(r.mlp_claims),
+                   attribution=None if r.trust is None else {
+                       "trust": records(r.trust), "circuit": r.circuit},
                    wall_time_s=round(time.perf_counter() - started, 3))
     return write(o, stem, {"": r.table}, meta, extra={f"{stem}.md": report, **pictures},
                  shown=said)
@@ -188,6 +192,12 @@ def render_sections(r) -> list:
                                  "title", "known head roles (references) in this model")))
     if r.mlp_claims is not None:
         said.append(claims_table(r.mlp_claims, "the MLP section's claims, measured here"))
+    if r.trust is not None and len(r.trust):
+        said.append(rich_table(r.trust, {"site": ("site", "s"), "cells": ("cells", "d"),
+                                         "pearson": ("Pearson", ".2f"),
+                                         "spearman": ("Spearman", ".2f"),
+                                         "largest_miss": ("largest miss", "s")},
+                               title="where attribution can be trusted (not the article's)"))
     if r.norm_claims is not None:
         said.append(claims_table(r.norm_claims))
     return said

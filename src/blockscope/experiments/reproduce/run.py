@@ -10,6 +10,7 @@ import pandas as pd
 
 from blockscope.experiments.reproduce import figures as rp
 from blockscope.experiments.reproduce import sections
+from blockscope.experiments.reproduce.attribution import attribution_measures
 from blockscope.experiments.reproduce.mlp import mlp_measures
 
 
@@ -25,6 +26,8 @@ class Reproduction:
     roles: pd.DataFrame | None = None  # known head roles, found or not
     norm_claims: pd.DataFrame | None = None  # norm-placement's claims
     mlp_claims: pd.DataFrame | None = None  # the MLP section's claims (lens, neurons)
+    trust: pd.DataFrame | None = None  # attribution against the exact grid, per site
+    circuit: dict | None = None  # the smallest circuit carrying the pair's gap
 
 
 def commands(model: str, settings: dict) -> dict[str, str]:
@@ -62,7 +65,7 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
     frames: dict = {}
     measured = rp.offline_measures(settings, figures, shape_model, frames)
     offline = set(measured)
-    roles = mlp_claims = None
+    roles = mlp_claims = trust = found = None
     if model is not None:
         more, model_frames = rp.model_measures(model, settings, stage=stage,
                                                load_processed=load_processed)
@@ -75,6 +78,8 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
         if "mlp" in settings:
             mlp_claims, mlp_frames = mlp_measures(model, settings, stage)
             frames.update(mlp_frames)
+        if "attribution" in settings:
+            trust, found = attribution_measures(model, settings, stage)
     own = set(measured) - offline  # measured on the model's own weights
     norm_claims = None
     if norm and "norm_placement" in settings:
@@ -92,11 +97,12 @@ def reproduce(model, settings: dict, figures: list, *, name: str, label: str,
         table, frames, best=None if other else rp.best_resid_variant(table), headline=headline,
         model_claims=None if model is None else sections.article_claims(figures, measured,
                                                                         frames, label),
-        roles=roles, norm_claims=norm_claims, mlp_claims=mlp_claims)
+        roles=roles, norm_claims=norm_claims, mlp_claims=mlp_claims, trust=trust,
+        circuit=found)
 
 
 def n_stages(settings: dict, with_model: bool, norm: bool) -> int:
     """How many experiments the run says one line each for."""
     n = sum(k in settings for k in ("ablate", "resid_norm", "prune_heads", "head_roles",
-                                    "mlp")) if with_model else 0
+                                    "mlp", "attribution")) if with_model else 0
     return n + (norm and "norm_placement" in settings)
