@@ -119,11 +119,17 @@ def per_head_hooks(model) -> Iterator[None]:
     saved = (cfg.use_attn_result, cfg.use_split_qkv_input, cfg.use_hook_mlp_in,
              bool(getattr(cfg, "use_attn_in", False)))
     try:
-        if saved[3]:
-            model.set_use_attn_in(False)  # exclusive with the split inputs
-        model.set_use_attn_result(True)
-        model.set_use_split_qkv_input(True)
-        model.set_use_hook_mlp_in(True)
+        try:
+            if saved[3]:
+                model.set_use_attn_in(False)  # exclusive with the split inputs
+            model.set_use_attn_result(True)
+            model.set_use_split_qkv_input(True)
+            model.set_use_hook_mlp_in(True)
+        except (NotImplementedError, ValueError) as exc:
+            raise BlockscopeError(
+                "TransformerLens's bridge has no per-head hooks for this model's attention "
+                "(each head's write and its own inputs), which edges need: "
+                + str(exc).split(".")[0]) from None
         yield
     finally:
         model.set_use_attn_result(saved[0])
@@ -200,9 +206,30 @@ def _capture(model, tokens, names) -> tuple[dict, torch.Tensor]:
             acts[name] = act.detach().clone()
         return hook
 
+    _passes(model, names)
     with torch.inference_mode(), applied(model, [(n, keep(n)) for n in names]):
         logits = model(tokens.to(model.cfg.device), return_type="logits")[:, -1].float()
+    _passed(names, acts)
     return acts, logits
+
+
+def _passes(model, names) -> None:
+    """Refuse, in one line, where the bridge lacks a hook point edges need."""
+    missing = [n for n in names if n not in model.hook_dict]
+    if missing:
+        raise BlockscopeError(f"this model's bridge has no {missing[0]} (and {len(missing) - 1} "
+                              "more hook points edges need)" if len(missing) > 1 else
+                              f"this model's bridge has no {missing[0]}, which edges need")
+
+
+def _passed(names, seen) -> None:
+    """Refuse, in one line, where the forward did not pass a hook point edges read."""
+    missing = [n for n in names if n not in seen]
+    if missing:
+        raise BlockscopeError(f"this model's forward does not pass {missing[0]}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                              + ": its bridge does not route the stream through the per-head "
+                              "hooks edges need")
 
 
 def scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric, *,
@@ -243,9 +270,8 @@ def scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric, *,
             batch = corrupted.to(cfg.device).expand(len(chunk), -1)
             with torch.enable_grad(), applied(model, [*hooks(edits), *raw]):
                 values = metric_of(metric, model(batch, return_type="logits")[:, -1].float())
+            _passed(list(probes), {n for n, p in probes.items() if p.zero is not None})
             leaves = [p.zero for p in probes.values()]
-            if any(z is None for z in leaves):
-                raise BlockscopeError("the forward did not pass every reader's hook")
             grads = torch.autograd.grad(values.sum(), leaves, allow_unused=True)
             for name, leaf, grad in zip(probes, leaves, grads, strict=True):
                 grad = torch.zeros_like(leaf) if grad is None else grad.detach()
