@@ -1,9 +1,10 @@
 """Edges and circuits (`sweeps.edges`, `experiments.circuit`), each held to a computation
 written here or to TransformerLens's own: its `attribution_patch` at edge granularity and its
 `faithfulness` (GPT-2, and Llama with as many key/value heads as heads: TransformerLens
-refuses grouped queries), a writer's edges summing to its node estimate, the rewired run's
-two ends (the clean and the corrupted run), one edge patched by a hook written here, and
-the circuit command's files."""
+refuses grouped queries), one edge patched by a hook written here, EAP-IG's first step and
+completeness, and the circuit command's files. A writer's edges summing to its node
+estimate, and the rewired run's two ends, are held on every family in
+tests/model/test_families.py."""
 
 import numpy as np
 import pytest
@@ -60,34 +61,6 @@ def test_edges_equal_transformer_lens(tl_model):
     got, ref = np.array([ours[k] for k in want]), np.array(list(want.values()))
     assert np.abs(ref).max() > 0.1
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
-
-
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
-def test_a_writers_edges_sum_to_its_node_estimate_and_the_rewired_ends(family,
-                                                                       tmp_path_factory):
-    """Every writer reaches the logits, so its edges sum to its node estimate (a head's z at
-    every position, an MLP's output summed over positions), on grouped-query Llama and
-    parallel GPT-NeoX too. Rewiring nothing gives the clean run; every edge, the corrupted
-    run, to float32 rounding."""
-    model = load(family, tmp_path_factory)
-    es = edges.scores(model, CLEAN, CORRUPTED, METRIC)
-    grid = patch_exp.variants(model.cfg, CLEAN.shape[-1], ["z", "mlp-out"])
-    node = attribution.estimate(model, Run(CORRUPTED), {"clean": Run(CLEAN)}, grid, METRIC)
-    want: dict = {}
-    for v, e in zip(grid, node.values, strict=True):
-        kind = "head" if v.label["site"] == "z" else "mlp"
-        key = edges.Node(kind, v.label["layer"], v.label["head"] if kind == "head" else None)
-        want[key] = want.get(key, 0.0) + e
-    sums = dict(zip(es.graph.writers, es.values.sum(0), strict=True))
-    scale = max(abs(x) for x in want.values())
-    for key, value in want.items():
-        assert sums[key] == pytest.approx(value, abs=1e-5 * scale)
-    g = es.graph
-    gap = abs(es.source - es.base)
-    none = edges.rewired(model, CLEAN, g, np.zeros_like(g.valid), es.replacement, METRIC)
-    every = edges.rewired(model, CLEAN, g, g.valid.copy(), es.replacement, METRIC)
-    assert none == pytest.approx(es.source, abs=1e-5 * gap)
-    assert every == pytest.approx(es.base, abs=1e-5 * gap)
 
 
 def test_eap_ig_with_one_step_is_eap_and_its_embedding_edges_tend_to_the_whole_change(
