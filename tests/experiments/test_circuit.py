@@ -11,10 +11,8 @@ import pytest
 import torch
 
 from blockscope.experiments import circuit as circuit_exp
-from blockscope.experiments import patch as patch_exp
 from blockscope.model.loading import load_model, spec_for
-from blockscope.sweeps import attribution, edges
-from blockscope.sweeps.interchange import Run
+from blockscope.sweeps import edges
 from blockscope.sweeps.metrics import LogitDiff
 
 from ..builders import save_checkpoint
