@@ -5,6 +5,7 @@ attention), a model that is linear after the patched site, the integrated gradie
 completeness, GradDrop's zeroing by plain HF hooks, and `patch`'s exact cells."""
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -13,12 +14,13 @@ import transformers
 
 from blockscope.experiments import attribute as attribute_exp
 from blockscope.experiments import patch as patch_exp
-from blockscope.interventions.interchange import heads_at
+from blockscope.interventions.interchange import Edit, Patch, Site, heads_at
 from blockscope.model.loading import load_model, spec_for
 from blockscope.sweeps import attribution
 from blockscope.sweeps.interchange import Run, capture
 from blockscope.sweeps.metrics import LogitDiff
 from blockscope.sweeps.settings import RunSettings
+from blockscope.sweeps.variant import Variant
 
 from ..builders import save_checkpoint
 from ..references import hf_run
@@ -83,6 +85,45 @@ def test_atp_equals_transformer_lens(pair):
     want = np.array(want)
     assert np.abs(want).max() > 0.1  # the corruption moves the metric through many cells
     np.testing.assert_allclose(est.values, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@dataclass(frozen=True)
+class Half:
+    """A user's intervention, not declared elementwise: half of each value."""
+
+    def apply(self, base, source=None):
+        return 0.5 * base
+
+
+def test_any_intervention_is_estimated_by_what_its_apply_writes(pair):
+    """The estimate reads an edit's apply, not its class: a user's Half on one head's z is
+    -0.5 z . dM/dz (TransformerLens's gradient cache, contracted here), and a patch whose
+    source is the clean activation as a tensor (applied to its own selection) equals the
+    same patch read from the clean run (applied once to the whole site)."""
+    from transformer_lens.tools.analysis import attribution_patching as tl
+
+    model, _, target, contrast = pair
+    metric = LogitDiff(target, contrast)
+    name = "blocks.1.attn.hook_z"
+    corrupt = tl.cache_activation_and_gradient(  # an upstream point too: its backward hook
+        model, CORRUPTED, lambda lg: lg[0, -1, target] - lg[0, -1, contrast],  # then fires
+        [name, "blocks.0.hook_resid_pre"])
+    clean = capture(model, Run(CLEAN), [name]).acts[name]
+    halves = [Variant({"head": h}, (Edit(Site("attn.hook_z", 1, head=h), Half()),))
+              for h in range(model.cfg.n_heads)]
+    tensors = [Variant({"head": h}, (Edit(Site("attn.hook_z", 1, head=h), Patch(),
+                                          clean[:, :, h]),)) for h in range(model.cfg.n_heads)]
+    named = [Variant({"head": h}, (Edit(Site("attn.hook_z", 1, head=h), Patch(), "clean"),))
+             for h in range(model.cfg.n_heads)]
+    got = attribution.estimate(model, Run(CORRUPTED), {"clean": Run(CLEAN)},
+                               halves + tensors + named, metric).values
+    h = model.cfg.n_heads
+    want = [-0.5 * float((corrupt.activations[name] * corrupt.gradients[name])[0, :, i].sum())
+            for i in range(h)]
+    scale = max(abs(w) for w in want)
+    np.testing.assert_allclose(got[:h], want, rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(got[h:2 * h], got[2 * h:], rtol=0, atol=1e-9 * max(
+        1.0, np.abs(got[2 * h:]).max()))
 
 
 def test_ig_with_one_step_is_atp_and_tends_to_the_whole_change(pair):

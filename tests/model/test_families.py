@@ -329,6 +329,7 @@ def test_attribution_and_edges_on_every_family(fam):
 
     from blockscope.errors import BlockscopeError
     from blockscope.experiments.patch import variants
+    from blockscope.interventions.interchange import Edit, Patch, Site
     from blockscope.sweeps import attribution, edges
     from blockscope.sweeps.interchange import Run
     from blockscope.sweeps.metrics import LogitDiff
@@ -355,8 +356,9 @@ def test_attribution_and_edges_on_every_family(fam):
             ("blocks.0.attn.hook_q", lambda act, hook=None: seen["q"]),
             ("blocks.0.attn.hook_pattern", keep("pattern"))]):
         model(corrupted)
-    torch.testing.assert_close(attribution.patched_pattern(model, corrupted, 0, "attn.hook_q",
-                                                           seen["q"]), seen["pattern"][0])
+    edit = Edit(Site("attn.hook_q", 0), Patch(), seen["q"])
+    torch.testing.assert_close(attribution.patched_pattern(model, corrupted, edit, {}),
+                               seen["pattern"][0])
     before = model(clean, return_type="logits").detach()
     try:
         es = edges.scores(model, clean, corrupted, metric)

@@ -110,6 +110,8 @@ class Site:
 class Patch:
     """The source run's value: activation patching, ROME's restore, a freeze."""
 
+    elementwise = True  # each value written from its own base and source value alone
+
     def apply(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         return source
 
@@ -117,6 +119,8 @@ class Patch:
 @dataclass(frozen=True)
 class AddNoise:
     """base + source: the source is the noise (ROME's corrupted subject embeddings)."""
+
+    elementwise = True
 
     def apply(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         return base + source.to(base)

@@ -1,11 +1,16 @@
 """Attribution patching: every patch variant's effect on the metric estimated from gradients,
 in a few passes instead of one forward per variant.
 
-A patch variant writes a source run's activation at its sites (`Patch` edits; `patch` writes
-the clean run into the corrupted one). Its effect on the metric M is estimated to first
+A variant writes `apply(base, source)` at each edit's site (`patch` writes the clean run's
+activation into the corrupted run: `Patch`). Its effect on the metric M is estimated to first
 order, at each edit's selected values a (its positions, and head):
 
-    estimate = sum over edits of  (a_source - a_base) . g
+    estimate = sum over edits of  (apply(a_base, source) - a_base) . g
+
+which for a patch is (a_source - a_base) . g. An intervention that declares `elementwise`
+(each value written from its own base and source value alone, as `Patch` and `AddNoise`)
+with a named source run is applied once to the whole site and each variant reads its
+selection; any other is applied to each edit's own selection.
 
 - `atp` (attribution patching, Nanda 2023): g = dM/da on the base run itself. Two forwards
   (the source run; the base run) and one backward.
@@ -158,23 +163,23 @@ class _Stop(Exception):
     """Ends a forward once the pattern it was run for has been read."""
 
 
-def patched_pattern(model, tokens: torch.Tensor, layer: int, point: str,
-                    source: torch.Tensor) -> torch.Tensor:
-    """Block `layer`'s attention pattern (n_heads, T, T) on the run of `tokens` (1, T) with
-    the whole of `point` (attn.hook_q or attn.hook_k: every head, every position) written
-    from `source` (1, T, heads, d_head), the forward stopped there, by the model's own
-    attention (its scale, rotary, mask and softcap). A head's pattern depends on its own
-    query and key alone: query head h's pattern is the one with only its query patched (or
-    only its key/value head's key), so one forward serves every head of the block."""
+def patched_pattern(model, tokens: torch.Tensor, edit: Edit, sources: dict) -> torch.Tensor:
+    """Block `edit`'s layer's attention pattern (n_heads, T, T) on the run of `tokens` (1, T)
+    with `edit` written over the whole of its site (attn.hook_q or attn.hook_k: every head,
+    every position), the forward stopped there, by the model's own attention (its scale,
+    rotary, mask and softcap). A head's pattern depends on its own query and key alone: for
+    an elementwise intervention, query head h's pattern is the one with only its query
+    edited (or only its key/value head's key), so one forward serves every head."""
     seen = {}
+    layer = edit.site.layer
 
     def read(act, hook=None):
         seen["pattern"] = act.detach()[0].clone()
         raise _Stop
 
-    edit = Edit(Site(point, layer), Patch(), source)
+    whole = Edit(Site(edit.site.point, layer), edit.intervention, edit.source)
     try:
-        with torch.inference_mode(), applied(model, [*hooks([edit]), (
+        with torch.inference_mode(), applied(model, [*hooks([whole], None, sources), (
                 f"blocks.{layer}.attn.hook_pattern", read)]):
             model(tokens.to(model.cfg.device), return_type="logits")
     except _Stop:
@@ -193,16 +198,19 @@ def _qk_deltas(model, base: Run, variants: Sequence[Variant], sources: dict,
     out = {}
     for v in variants:
         for e in v.edits:
-            key = (e.source, e.site.name)
+            key = (e.intervention, e.source, e.site.name)
             if e.site.point not in QK or key in out:
                 continue
             if e.site.positions is not None and set(e.site.positions) != set(
                     range(base.tokens.shape[-1])):
                 raise ValueError(f"variant {v.label}: the QK fix takes queries and keys "
                                  "written at every position")
+            if not (isinstance(e.source, str) and getattr(e.intervention, "elementwise",
+                                                           False)):
+                raise ValueError(f"variant {v.label}: the QK fix takes an elementwise "
+                                 "intervention reading a source run")
             pattern = base_acts[f"blocks.{e.site.layer}.attn.hook_pattern"]
-            out[key] = patched_pattern(model, base.tokens, e.site.layer, e.site.point,
-                                       sources[e.source][e.site.name][:1]) - pattern[0]
+            out[key] = patched_pattern(model, base.tokens, e, sources) - pattern[0]
     return out
 
 
@@ -227,10 +235,10 @@ def _whole(name: str) -> Site:
 def _check(variants: Sequence[Variant], sources: dict) -> None:
     for v in variants:
         for e in v.edits:
-            if not isinstance(e.intervention, Patch) or not isinstance(e.source, str):
-                raise ValueError(f"variant {v.label}: attribution estimates patches from a "
-                                 f"named source run, not {type(e.intervention).__name__}")
-            if e.source not in sources:
+            if isinstance(e.source, Site):
+                raise ValueError(f"variant {v.label}: an edit reading its own run "
+                                 f"({e.source.name}) has no first-order estimate here")
+            if isinstance(e.source, str) and e.source not in sources:
                 raise ValueError(f"variant {v.label} reads run {e.source!r}, not given")
 
 
@@ -297,19 +305,31 @@ def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Varia
 
 def _linear(model, variants: Sequence[Variant], grads: dict, base: dict, sources: dict,
             deltas: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(each variant's estimate: the sum over its edits of (a_source - a_base) . g at the
-    edit's selection, or with the QK fix (`deltas` holds its site) the exact change of the
-    pattern . dM/dA; whether every activation difference it writes is 0). The products are
-    summed over the feature axis once per site, (pos,) or (pos, heads), so that a variant
-    costs an index into those sums."""
-    sums: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    """(each variant's estimate: the sum over its edits of (apply(a_base, source) - a_base)
+    . g at the edit's selection, or with the QK fix (`deltas` holds its site) the exact
+    change of the pattern . dM/dA; whether every edit writes exactly what is there). Where
+    an elementwise intervention reads a named run, its products are applied and summed
+    over the feature axis once per site, (pos,) or (pos, heads), so that a variant costs an
+    index into those sums."""
+    sums: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     out, inert = np.empty(len(variants)), np.ones(len(variants), dtype=bool)
     for i, v in enumerate(variants):
         total = 0.0
         for e in v.edits:
-            key = (e.source, e.site.name)
+            name = e.site.name
+            if not (isinstance(e.source, str) and getattr(e.intervention, "elementwise", False)):
+                here = (slice(None), *e.site.index())
+                before = base[name][:1][here]
+                diff = (e.intervention.apply(before.clone(), e.source_of(sources, 1))
+                        - before).double()
+                total += float((diff * grads[name][:1].double()[here]).sum())
+                inert[i] &= not bool(diff.any())
+                continue
+            key = (e.intervention, e.source, name)
             if key not in sums:
-                diff = (sources[e.source][e.site.name][0] - base[e.site.name][0]).double()
+                whole = base[name][:1]
+                diff = (e.intervention.apply(whole.clone(), sources[e.source][name][:1])
+                        - whole)[0].double()
                 changed = diff.ne(0).flatten(2 if diff.dim() > 2 else 1).any(-1)
                 if key in deltas:  # (pos, heads): the QK fix's terms, one per head
                     per = _qk_terms(model, e.site.point, deltas[key],
@@ -317,7 +337,7 @@ def _linear(model, variants: Sequence[Variant], grads: dict, base: dict, sources
                     terms = np.zeros(tuple(changed.shape))
                     terms[0] = per  # the head's whole term, at its first position
                 else:
-                    terms = (diff * grads[e.site.name][0].double()).flatten(
+                    terms = (diff * grads[name][0].double()).flatten(
                         2 if diff.dim() > 2 else 1).sum(-1).cpu().numpy()
                 sums[key] = terms, changed.cpu().numpy()
             terms, changed = sums[key]
