@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from blockscope.errors import BlockscopeError
 from blockscope.interventions import applied, hooks
 from blockscope.interventions.interchange import Edit, Patch, Site, heads_at
 from blockscope.sweeps.interchange import Run, capture
@@ -119,27 +120,30 @@ def gradients(model, tokens: torch.Tensor, names: Sequence[str], metric, *,
     total: dict[str, torch.Tensor] = {}
     first = None
     for chunk in alphas.split(rows):
-        probes = {name: Probe() for name in names}
-        seen = {f"blocks.{j}.attn.hook_pattern": Probe() for j in patterns}
-        edits = []
+        names_here = [*names, *[f"blocks.{j}.attn.hook_pattern" for j in patterns]]
+        probes = {name: Probe() for name in names_here}
+        path_edits, drop_edits = [], []
         if path is not None:
             lo, hi = path
             alpha = chunk.to(lo.dtype).to(lo.device)[:, None, None]
-            edits.append(Edit(Site("hook_resid_pre", 0), Patch(), lo + alpha * (hi - lo)))
-        edits += [Edit(_whole(name), probe) for name, probe in probes.items()]
+            path_edits.append(Edit(Site("hook_resid_pre", 0), Patch(), lo + alpha * (hi - lo)))
         if drop is not None:  # after any probe there: block `drop`'s own writes get no gradient
-            edits += [Edit(Site(point, drop), Detach())
-                      for point in ("hook_attn_out", "hook_mlp_out")]
-        batch = tokens.to(model.cfg.device).expand(len(chunk), -1)
-        raw = [(name, lambda act, hook=None, p=p: p.apply(act)) for name, p in seen.items()]
+            drop_edits = [Edit(Site(point, drop), Detach())
+                          for point in ("hook_attn_out", "hook_mlp_out")]
+        # each probe a hook of its own (any hook point, an edit's site or not), after the
+        # path's write at its point and before a dropped write's detach
+        raw = [(name, lambda act, hook=None, p=p: p.apply(act)) for name, p in probes.items()]
         if LAST in model.hook_dict:  # the unembedding, forward and backward, at the last
             raw.append((LAST, _last))  # position alone: the metric reads no other
-        probes |= seen  # a pattern is probed by a hook of its own: it is no edit's site
-        with torch.enable_grad(), applied(model, [*hooks(edits), *raw]):
+        batch = tokens.to(model.cfg.device).expand(len(chunk), -1)
+        with torch.enable_grad(), applied(model, [*hooks(path_edits), *raw,
+                                                  *hooks(drop_edits)]):
             values = metric_of(metric, model(batch, return_type="logits")[:, -1].float())
         missing = [n for n, p in probes.items() if p.zero is None]
         if missing:
-            raise ValueError(f"the forward did not pass {', '.join(missing)}")
+            raise BlockscopeError(f"this model's forward does not pass {missing[0]}"
+                                  + (f" (and {len(missing) - 1} more)" if len(missing) > 1
+                                     else "") + ", where the gradient is read")
         leaves = [p.zero for p in probes.values()]
         grads = (torch.autograd.grad(values.sum(), leaves, allow_unused=True)
                  if values.requires_grad else [None] * len(leaves))
@@ -222,14 +226,6 @@ def _qk_terms(model, point: str, delta: torch.Tensor, grad: torch.Tensor) -> np.
         return per_query.cpu().numpy()
     n_kv = heads_at(model.cfg, "attn.hook_k")  # a key head serves n_heads / n_kv in order
     return per_query.view(n_kv, -1).sum(-1).cpu().numpy()
-
-
-def _whole(name: str) -> Site:
-    """The Site of a whole hook point, from its TransformerLens name."""
-    if not name.startswith("blocks."):
-        return Site(name, None)
-    _, layer, point = name.split(".", 2)
-    return Site(point, int(layer))
 
 
 def _check(variants: Sequence[Variant], sources: dict) -> None:

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 
 from blockscope.errors import BlockscopeError
-from blockscope.interventions import applied, hooks
-from blockscope.interventions.interchange import Edit, Patch, Site, heads_at
-from blockscope.sweeps.attribution import Probe, metric_of
+from blockscope.interventions import applied
+from blockscope.interventions.interchange import heads_at
+from blockscope.sweeps.attribution import gradients, metric_of
 
 HEAD_SUM_RTOL = 1e-4  # float32 sums of a few heads, far below any norm's or scale's effect
 
@@ -255,35 +255,19 @@ def scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric, *,
         clean_acts, clean_logits = _capture(model, clean, names)
         check_additive(model, clean_acts)
         corr_acts, corr_logits = _capture(model, corrupted, names)
-        alphas = torch.arange(steps if method == "ig" else 1, dtype=torch.float64) / steps
-        total: dict[str, torch.Tensor] = {}
-        for chunk in alphas.split(rows):
-            probes = {name: Probe() for name in readers}
-            edits = []
-            if method == "ig":
-                lo = corr_acts["blocks.0.hook_resid_pre"]
-                hi = clean_acts["blocks.0.hook_resid_pre"]
-                alpha = chunk.to(lo.dtype)[:, None, None]
-                edits.append(Edit(Site("hook_resid_pre", 0), Patch(), lo + alpha * (hi - lo)))
-            raw = [(name, lambda act, hook=None, p=p: p.apply(act)) for name, p in
-                   probes.items()]
-            batch = corrupted.to(cfg.device).expand(len(chunk), -1)
-            with torch.enable_grad(), applied(model, [*hooks(edits), *raw]):
-                values = metric_of(metric, model(batch, return_type="logits")[:, -1].float())
-            _passed(list(probes), {n for n, p in probes.items() if p.zero is not None})
-            leaves = [p.zero for p in probes.values()]
-            grads = torch.autograd.grad(values.sum(), leaves, allow_unused=True)
-            for name, leaf, grad in zip(probes, leaves, grads, strict=True):
-                grad = torch.zeros_like(leaf) if grad is None else grad.detach()
-                total[name] = grad if name not in total else total[name] + grad
-    grads = {k: v / len(alphas) for k, v in total.items()}
+        path = (corr_acts["blocks.0.hook_resid_pre"], clean_acts["blocks.0.hook_resid_pre"]
+                ) if method == "ig" else None
+        _passes(model, readers)
+        grads, _, _ = gradients(model, corrupted, readers, metric, path=path, steps=steps,
+                                rows=rows)
     deltas = (stack(clean_acts, g.writers, _writer_hook)
               - stack(corr_acts, g.writers, _writer_hook))  # (U, T, d)
     reads = stack(grads, g.readers, lambda v: _reader_hook(v, n))  # (V, T, d)
     values = torch.einsum("vtd,utd->vu", reads.double(), deltas.double()).cpu().numpy()
     values[~g.valid] = 0.0
+    points = steps if method == "ig" else 1
     how = {"method": method, "steps": steps if method == "ig" else None,
-           "forwards": 2 + len(alphas), "backwards": len(alphas),
+           "forwards": 2 + points, "backwards": points,
            "edges": g.n_edges, "seconds": round(time.perf_counter() - started, 3)}
     return EdgeScores(g, values, float(metric_of(metric, corr_logits)[0]),
                       float(metric_of(metric, clean_logits)[0]),
