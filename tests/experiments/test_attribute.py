@@ -343,14 +343,14 @@ def test_the_checked_cells_are_patchs_cells(pair):
 
 def test_the_command_and_the_face(tiny_dir, tmp_path):
     """`blockscope attribute` writes its CSV (patch's keys, the estimate, the check), a
-    sidecar with the sign convention and the agreement per site, and a scatter; the Python
-    face returns the same table."""
+    sidecar with the sign convention and the agreement per site, and a scatter; with
+    atp-star, the GradDrop column ranks the checked cells. (The Python face's table is
+    held to this CSV in tests/api/test_face.py.)"""
     import json
 
     import pandas as pd
     from typer.testing import CliRunner
 
-    import blockscope as bs
     from blockscope.cli import app
 
     from ..conftest import result
@@ -389,10 +389,3 @@ def test_the_command_and_the_face(tiny_dir, tmp_path):
     assert set(star.index[star["checked"] == "top"]) == set(top)
     meta = json.loads(result(tmp_path / "star", "attribute-tiny-gpt2.json").read_text())
     assert "QK fix" in meta["star_rule"] and "naive loop" in meta["why_naive"]
-    model = bs.load(str(tiny_dir))
-    face = bs.attribute(model, clean="The capital of France is",
-                        corrupted="The capital of Italy is", target=" Paris", contrast=" Rome",
-                        site=["resid-pre", "z"], check_cells="3", method="ig", ig_steps=2)
-    for col in ("estimate", "normalized", "exact_normalized", "exact_logit_diff"):
-        np.testing.assert_allclose(face.table[col], df[col], rtol=1e-12)
-    assert (face.table["checked"] == df["checked"].fillna("")).all()

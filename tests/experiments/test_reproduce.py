@@ -118,9 +118,10 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
     assert len(meta["norm_placement"]) == 5 and len(meta["head_roles"]) == 3
     assert len(meta["mlp"]) == 6
     # attribution, not the article's: what `attribute --check all` and `circuit` report
-    from blockscope.experiments import attribute, circuit
+    from blockscope.experiments import attribute
     from blockscope.experiments.logit_lens import target_id
     from blockscope.inputs.text import tokenize
+    from blockscope.sweeps import edges
 
     model = bs.load(str(tiny_dir))
     ids = [tokenize(model.tokenizer, t, prepend_bos=True)
@@ -134,9 +135,9 @@ def test_reproduce_on_a_tiny_checkpoint_writes_report_tables_and_pictures(tiny_d
         assert rec["spearman"] == rec["spearman"]  # a number: the corruption moves them
         assert trust[site]["spearman"] == pytest.approx(rec["spearman"])
         assert trust[site]["cells"] == rec["checked"]
-    curve, _ = circuit.circuit(model, *ids, target=answers[0], contrast=answers[1],
-                               method="ig", steps=5)
-    assert meta["attribution"]["circuit"]["smallest"] == curve.attrs["smallest"]
+    found = meta["attribution"]["circuit"]  # circuit's own numbers: tests/experiments/
+    assert found["total_edges"] == edges.graph(model.cfg, False).n_edges  # test_circuit.py
+    assert found["smallest"] is None or 1 <= found["smallest"] <= found["total_edges"]
     section = report.split("## Where attribution can be trusted")[1]
     assert "| mlp-out |" in section and "| z |" in section and "blockscope circuit" in section
 
