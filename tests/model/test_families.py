@@ -330,7 +330,7 @@ def test_attribution_and_edges_on_every_family(fam):
     from blockscope.errors import BlockscopeError
     from blockscope.experiments.patch import variants
     from blockscope.interventions.interchange import Edit, Patch, Site
-    from blockscope.sweeps import attribution, edges
+    from blockscope.sweeps import attribution, edges, qk_fix
     from blockscope.sweeps.interchange import Run
     from blockscope.sweeps.metrics import LogitDiff
 
@@ -357,7 +357,7 @@ def test_attribution_and_edges_on_every_family(fam):
             ("blocks.0.attn.hook_pattern", keep("pattern"))]):
         model(corrupted)
     edit = Edit(Site("attn.hook_q", 0), Patch(), seen["q"])
-    torch.testing.assert_close(attribution.patched_pattern(model, corrupted, edit, {}),
+    torch.testing.assert_close(qk_fix.patched_pattern(model, corrupted, edit, {}),
                                seen["pattern"][0])
     before = model(clean, return_type="logits").detach()
     try:

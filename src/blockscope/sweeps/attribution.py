@@ -20,10 +20,10 @@ selection; any other is applied to each edit's own selection.
   sum, so that one step is AtP). Summed over every position of block 0's input, the
   estimates tend to M(source) - M(base) as m grows (completeness).
 - `atp-star` (AtP*, Kramar et al. 2024), AtP with its two fixes:
-  - the QK fix: a variant that writes a block's queries or keys (every position, one head)
-    changes that block's attention pattern A nonlinearly, through the softmax. The patched
-    pattern is computed exactly (`patched_pattern`, the model's own attention), and only
-    what follows it is linearised: estimate = (A_patched - A) . dM/dA;
+  - the QK fix (`qk_fix`): a variant that writes a block's queries or keys (every position,
+    one head) changes that block's attention pattern A nonlinearly, through the softmax.
+    The patched pattern is computed exactly (the model's own attention), and only what
+    follows it is linearised: estimate = (A_patched - A) . dM/dA;
   - GradDrop: for each block l, the estimates with no gradient through block l's writes to
     the residual stream (its attention and MLP outputs detached: the gradient passes block
     l by the skip connection alone, and a site of block l's own gets none); `bound` is the
@@ -47,7 +47,8 @@ import torch
 
 from blockscope.errors import BlockscopeError
 from blockscope.interventions import applied, hooks
-from blockscope.interventions.interchange import Edit, Patch, Site, heads_at
+from blockscope.interventions.interchange import Edit, Patch, Site
+from blockscope.sweeps import qk_fix
 from blockscope.sweeps.interchange import Run, capture
 from blockscope.sweeps.variant import Variant
 
@@ -163,71 +164,6 @@ def _last(act: torch.Tensor, hook=None) -> torch.Tensor:
     return act[:, -1:]
 
 
-class _Stop(Exception):
-    """Ends a forward once the pattern it was run for has been read."""
-
-
-def patched_pattern(model, tokens: torch.Tensor, edit: Edit, sources: dict) -> torch.Tensor:
-    """Block `edit`'s layer's attention pattern (n_heads, T, T) on the run of `tokens` (1, T)
-    with `edit` written over the whole of its site (attn.hook_q or attn.hook_k: every head,
-    every position), the forward stopped there, by the model's own attention (its scale,
-    rotary, mask and softcap). A head's pattern depends on its own query and key alone: for
-    an elementwise intervention, query head h's pattern is the one with only its query
-    edited (or only its key/value head's key), so one forward serves every head."""
-    seen = {}
-    layer = edit.site.layer
-
-    def read(act, hook=None):
-        seen["pattern"] = act.detach()[0].clone()
-        raise _Stop
-
-    whole = Edit(Site(edit.site.point, layer), edit.intervention, edit.source)
-    try:
-        with torch.inference_mode(), applied(model, [*hooks([whole], None, sources), (
-                f"blocks.{layer}.attn.hook_pattern", read)]):
-            model(tokens.to(model.cfg.device), return_type="logits")
-    except _Stop:
-        pass
-    return seen["pattern"]
-
-
-QK = ("attn.hook_q", "attn.hook_k")
-
-
-def _qk_deltas(model, base: Run, variants: Sequence[Variant], sources: dict,
-               base_acts: dict) -> dict[tuple[str, str], torch.Tensor]:
-    """The QK fix's exact change of each block's pattern (n_heads, T, T) when a source run's
-    queries, or keys, are written at every position: (source, hook name) -> delta. The
-    base run's patterns are in `base_acts` (what the probes saw)."""
-    out = {}
-    for v in variants:
-        for e in v.edits:
-            key = (e.intervention, e.source, e.site.name)
-            if e.site.point not in QK or key in out:
-                continue
-            if e.site.positions is not None and set(e.site.positions) != set(
-                    range(base.tokens.shape[-1])):
-                raise ValueError(f"variant {v.label}: the QK fix takes queries and keys "
-                                 "written at every position")
-            if not (isinstance(e.source, str) and getattr(e.intervention, "elementwise",
-                                                           False)):
-                raise ValueError(f"variant {v.label}: the QK fix takes an elementwise "
-                                 "intervention reading a source run")
-            pattern = base_acts[f"blocks.{e.site.layer}.attn.hook_pattern"]
-            out[key] = patched_pattern(model, base.tokens, e, sources) - pattern[0]
-    return out
-
-
-def _qk_terms(model, point: str, delta: torch.Tensor, grad: torch.Tensor) -> np.ndarray:
-    """Per head of `point` (a query head, or a key head: the query heads that share it),
-    the QK fix's term: delta . dM/dA over the query heads it reaches, (heads,)."""
-    per_query = (delta.double() * grad[0].double()).flatten(1).sum(-1)  # (n_heads,)
-    if point == "attn.hook_q":
-        return per_query.cpu().numpy()
-    n_kv = heads_at(model.cfg, "attn.hook_k")  # a key head serves n_heads / n_kv in order
-    return per_query.view(n_kv, -1).sum(-1).cpu().numpy()
-
-
 def _check(variants: Sequence[Variant], sources: dict) -> None:
     for v in variants:
         for e in v.edits:
@@ -256,7 +192,7 @@ def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Varia
         raise ValueError("atp-star's GradDrop needs two blocks or more")
     started = time.perf_counter()
     names = sorted({e.site.name for v in variants for e in v.edits})
-    qk = sorted({e.site.layer for v in variants for e in v.edits if e.site.point in QK}
+    qk = sorted({e.site.layer for v in variants for e in v.edits if e.site.point in qk_fix.QK}
                 ) if method == "atp-star" else []
     held = {n: capture(model, run, names + ["blocks.0.hook_resid_pre"], last=True)
             for n, run in sources.items()}
@@ -276,7 +212,7 @@ def estimate(model, base: Run, sources: dict[str, Run], variants: Sequence[Varia
         passes["backwards"] += 1
     if progress:
         progress(total=len(variants))
-    deltas = _qk_deltas(model, base, variants, acts, base_acts) if qk else {}
+    deltas = qk_fix.deltas(model, base, variants, acts, base_acts) if qk else {}
     passes["forwards"] += len(deltas)  # each stopped at its block
     values, inert = _linear(model, variants, grads, base_acts, acts, deltas)
     bound = None
@@ -328,7 +264,7 @@ def _linear(model, variants: Sequence[Variant], grads: dict, base: dict, sources
                         - whole)[0].double()
                 changed = diff.ne(0).flatten(2 if diff.dim() > 2 else 1).any(-1)
                 if key in deltas:  # (pos, heads): the QK fix's terms, one per head
-                    per = _qk_terms(model, e.site.point, deltas[key],
+                    per = qk_fix.terms(model, e.site.point, deltas[key],
                                     grads[f"blocks.{e.site.layer}.attn.hook_pattern"])
                     terms = np.zeros(tuple(changed.shape))
                     terms[0] = per  # the head's whole term, at its first position
