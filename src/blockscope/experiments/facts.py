@@ -48,7 +48,7 @@ def read_facts(path: str) -> list[Fact]:
 
     if not Path(where).is_file():
         raise BadValue(f"`facts` {path}: no such file")
-    lines = _check_lines(Path(where), path)
+    lines = json_lines(Path(where), f"`facts` {path}")
     try:
         rows = load_dataset("json", data_files=where, split="train")
     except (ValueError, OSError, datasets.exceptions.DatasetsError,
@@ -82,7 +82,7 @@ def check_texts(tokenizer, facts: list[Fact], path: str, prepend_bos: bool) -> N
             raise BadValue(f"{where}: {exc}")
 
 
-def _check_lines(where: Path, path: str) -> list[int]:
+def json_lines(where: Path, said: str) -> list[int]:
     """Refuse, naming it, the first line that is not one JSON object (datasets' own error
     names neither the line nor the fault, and logs a second line of its own); the numbers
     of the lines that hold a record, in order."""
@@ -97,9 +97,9 @@ def _check_lines(where: Path, path: str) -> list[int]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise BadValue(f"`facts` {path}, line {i}: not JSON ({exc.msg})")
+                raise BadValue(f"{said}, line {i}: not JSON ({exc.msg})")
             if not isinstance(record, dict):
-                raise BadValue(f"`facts` {path}, line {i}: not a JSON object")
+                raise BadValue(f"{said}, line {i}: not a JSON object")
     return found
 
 
