@@ -60,6 +60,19 @@ MEANING = {
 }
 
 
+MEANING_PAIRS = {
+    "estimate": "the estimated change of the metric, averaged over pairs",
+    "normalized": "the mean estimate over the mean clean - corrupted gap (a ratio of means: "
+    "a pair with a small gap weighs little)",
+    "ci_low": "normalized's 95% bootstrap interval over pairs, low end",
+    "ci_high": "normalized's 95% bootstrap interval over pairs, high end",
+    "exact_normalized": "the mean exact change over the mean gap, the checked rows patched "
+    "in every pair",
+    "exact_ci_low": "exact_normalized's 95% bootstrap interval over pairs, low end",
+    "exact_ci_high": "exact_normalized's 95% bootstrap interval over pairs, high end",
+}
+
+
 SIGN_RULE = ("estimate: " + attribution.SIGN + "; normalized = estimate / (clean - "
              "corrupted), 0 the corrupted run, 1 the clean run, as patch normalises")
 STAR_RULE = ("atp-star: q and k cells by the QK fix (the block's pattern with the clean "
@@ -145,6 +158,96 @@ def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: in
     return df
 
 
+def attribute_pairs(model, items: list, *, sites=("resid-pre",), method: str = "atp",
+                    steps: int = 5, check: int | None = 20, seed: int = 0,
+                    settings: RunSettings = RunSettings(), comm=None, kept=None,
+                    progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`attribute` over many pairs (`experiments.pairs.Tokens`): (one row per cell, as
+    `attribute`'s, its values averaged over pairs; one row per pair). `estimate` and
+    `exact_<metric>` are means over pairs, `normalized` and `exact_normalized` the mean
+    change as a share of the mean gap, each with its bootstrap interval over pairs
+    (`ci_low`, `ci_high`, `exact_ci_low`, `exact_ci_high`). The cells checked are picked
+    on the averaged estimates, and patched exactly in every pair. Pairs are shared across
+    processes under torchrun (`comm`) and kept as they finish (`kept`), twice: the
+    estimates, then the exact patches."""
+    from blockscope.experiments import pairs as px
+
+    check_sites(sites)
+    check_method(method, steps)
+    check_count(check)
+    px.check_aligned(items, sites, "given")
+
+    def metric_of(t):
+        return TargetLogProb(t.target) if t.contrast is None else LogitDiff(t.target, t.contrast)
+
+    def runs(t):
+        return Run(t.corrupted), {"clean": Run(t.clean)}
+
+    def estimated(t) -> dict:
+        est = attribution.estimate(model, *runs(t), variants(model.cfg, t.length, sites),
+                                   metric_of(t), method=method, steps=steps)
+        return {"values": est.values, "inert": est.inert, "bound": est.bound,
+                "base": est.base, "clean": est.sources["clean"], "how": est.how}
+
+    ests = px.over(items, estimated, comm, kept, progress)
+    grid = variants(model.cfg, items[0].length, sites)
+    values = np.stack([e["values"] for e in ests])  # (pairs, cells)
+    lo, hi = np.array([e["base"] for e in ests]), np.array([e["clean"] for e in ests])
+    inert = np.all([e["inert"] for e in ests], axis=0)
+    share, ci_lo, ci_hi = px.ratio(values, hi - lo)
+    words = common_tokens(model.tokenizer, items)
+    df = pd.DataFrame([{**v.label, "token": "" if v.label["position"] is None
+                        else words[v.label["position"]]} for v in grid])
+    df["estimate"], df["normalized"] = values.mean(0), share
+    df["ci_low"], df["ci_high"] = ci_lo, ci_hi
+    rank = "estimate"
+    if ests[0]["bound"] is not None:
+        df["graddrop"] = np.mean([e["bound"] for e in ests], axis=0)
+        rank = "graddrop"
+    df["head"] = df["head"].astype("Int64")
+    df["position"] = df["position"].astype("Int64")
+    df["checked"] = picked(df, check, seed, inert, rank)
+    picks = [i for i, c in enumerate(df["checked"]) if c]
+    name = metric_of(items[0]).name
+
+    def exact(t) -> dict:
+        cells = variants(model.cfg, t.length, sites)
+        got = patched(model, *runs(t), [cells[i] for i in picks], metric_of(t), settings)
+        return {"values": got.values[:, 0], "base": float(got.base[0]),
+                "clean": float(got.sources["clean"][0]), "how": got.how}
+
+    exs = px.over(items, exact, comm, kept, progress) if picks else []
+    for col in (f"exact_{name}", "exact_normalized", "exact_ci_low", "exact_ci_high"):
+        df[col] = math.nan
+    e_lo = float(np.mean([e["base"] for e in exs])) if exs else float(lo.mean())
+    if exs:
+        got = np.stack([e["values"] for e in exs])  # (pairs, picked)
+        base = np.array([e["base"] for e in exs])
+        gap = np.array([e["clean"] for e in exs]) - base
+        df.loc[picks, f"exact_{name}"] = got.mean(0)
+        cols = ["exact_normalized", "exact_ci_low", "exact_ci_high"]
+        df.loc[picks, cols] = np.stack(px.ratio(got - base[:, None], gap), axis=1)
+    per_pair = px.per_pair(items, name, hi, lo)
+    df.attrs.update(clean=float(hi.mean()), corrupted=float(lo.mean()), metric=name,
+                    attribution={**ests[0]["how"], "pairs": len(items),
+                                 "seconds": round(sum(e["how"].get("seconds", 0)
+                                                      for e in ests), 3)},
+                    how=exs[0]["how"] if exs else {},
+                    agreement=agreement(df, name, e_lo, inert),
+                    check=("all" if check is None else check), seed=seed,
+                    inert=inert.tolist(), n_pairs=len(items))
+    return df, per_pair
+
+
+def common_tokens(tokenizer, items: list) -> list[str]:
+    """Per position, the clean prompts' token where every pair has the same one, else
+    "(varies)" (positions line up: the pairs have one length where positions are asked)."""
+    n = min(t.length for t in items)
+    ids = np.stack([t.clean[0, :n].numpy() for t in items])
+    return [tokenizer.decode([int(col[0])]) if (col == col[0]).all() else "(varies)"
+            for col in ids.T]
+
+
 def picked(df: pd.DataFrame, check: int | None, seed: int, inert: np.ndarray,
            rank: str = "estimate") -> list[str]:
     """Per row, why it is checked: per site, the `check` largest |rank| ("top") and
@@ -214,4 +317,5 @@ def where(row) -> str:
     return f"{row['site']} L{row['layer']} @{row['position']}"
 
 
-__all__ = ["METHODS", "MEANING", "SITES", "attribute", "agreement", "picked"]
+__all__ = ["METHODS", "MEANING", "SITES", "attribute", "attribute_pairs", "agreement",
+           "picked"]

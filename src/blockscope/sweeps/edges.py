@@ -276,6 +276,13 @@ def scores(model, clean: torch.Tensor, corrupted: torch.Tensor, metric, *,
                       {k: v for k, v in how.items() if v is not None})
 
 
+def writers(model, tokens: torch.Tensor) -> dict:
+    """One run's writers' activations (hook -> act): what `rewired` writes from."""
+    with per_head_hooks(model):
+        acts, _ = _capture(model, tokens, writer_names(model.cfg.n_layers))
+    return acts
+
+
 def rewired(model, tokens: torch.Tensor, g: Graph, weights: np.ndarray, replacement: dict,
             metric) -> float:
     """M of the run of `tokens` in which each reader v reads its own input plus, for each
