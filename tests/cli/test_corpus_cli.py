@@ -209,7 +209,7 @@ def test_a_refusal_under_torchrun_is_torchruns_root_cause(tmp_path, monkeypatch)
     assert res.exit_code == 2
     assert res.stderr == ""  # rank 1 leaves stderr to rank 0
     message = json.loads(error_file.read_text())["message"]
-    line = "error: params runs in one process; under torchrun only ablate, knockout, " \
-           "prune-heads, resid-norm, trace do"
+    line = "error: params runs in one process; under torchrun only ablate, attribute, " \
+           "circuit, knockout, prune-heads, resid-norm, trace do"
     assert message["message"] == message["extraInfo"]["py_callstack"] == line
     assert not (tmp_path / "out").exists()

@@ -99,6 +99,10 @@ PAST = [
     (["attribute", *PAIR], "--ig-steps", 1001, "--ig-steps must be between 1 and 1,000"),
     (["circuit", *PAIR], "--ig-steps", 0, "--ig-steps must be between 1 and 1,000"),
     (["circuit", *PAIR], "--ig-steps", 1001, "--ig-steps must be between 1 and 1,000"),
+    (["attribute", "--pairs", "ioi"], "--n-pairs", 0, "--n-pairs must be between 1 and 100,000"),
+    (["attribute", "--pairs", "ioi"], "--n-pairs", 100_001, "--n-pairs must be between 1"),
+    (["circuit", "--pairs", "ioi"], "--n-pairs", 0, "--n-pairs must be between 1 and"),
+    (["circuit", "--pairs", "ioi"], "--n-pairs", 100_001, "--n-pairs must be between 1 and"),
     (["circuit", *PAIR], "--faithfulness", 0, "--faithfulness must be a share in (0, 1]"),
     (["circuit", *PAIR], "--faithfulness", 1.5, "--faithfulness must be a share in (0, 1]"),
 ]
@@ -223,6 +227,8 @@ def test_every_command_refuses_a_shared_option_past_its_ends():
         cls = COMMANDS[name][1]
         values = {n: (None if d is dataclasses.MISSING else d) for n, _, d in parameters(cls)}
         values |= {"reverse": "0:2"} if name == "rearrange" else {}  # an arrangement to run
+        values |= {"clean": "A b", "corrupted": "A c", "target": " x"} \
+            if "clean" in values else {}  # a pair to run
         o = build(cls, {**values, option: value})
         with pytest.raises(BadValue, match=f"^{option} must be"):
             o.check_all()

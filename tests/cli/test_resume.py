@@ -184,3 +184,31 @@ def test_a_corpus_ablate_interrupted_by_sigint_resumes_to_the_same_files(tiny_di
     assert result(part, name).read_bytes() == result(whole, name).read_bytes()
     meta = json.loads(result(part, "ablate-tiny-gpt2-docs.json").read_text())
     assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (6 - k, k)
+
+
+def test_attribute_over_pairs_stopped_in_its_second_pass_resumes(tiny_dir, tmp_path,
+                                                                 monkeypatch):
+    """attribute --pairs keeps each pair's estimates, then each pair's exact patches: a run
+    stopped after the first pass and one pair of the second computes only the last pair's
+    exact patches, and writes the same files as a run never stopped."""
+    pairs = tmp_path / "three.jsonl"
+    pairs.write_text("".join(json.dumps({"clean": f"The capital of {a} is",
+                                         "corrupted": f"The capital of {b} is",
+                                         "target": f" {x}", "contrast": f" {y}"}) + "\n"
+                             for a, b, x, y in [("France", "Italy", "Paris", "Rome"),
+                                                ("Spain", "Japan", "Madrid", "Tokyo"),
+                                                ("Italy", "France", "Rome", "Paris")]),
+                     encoding="utf-8")
+    args = ["attribute", "--pairs", pairs, "--site", "z", "--check", 1, "--no-plot", "-q",
+            "--model", tiny_dir]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    cli(*args, "--out-dir", whole)
+    with monkeypatch.context() as m:
+        ctrl_c_after(m, 4)
+        res = CliRunner().invoke(app, [str(a) for a in [*args, "--out-dir", part]])
+    assert res.exit_code == 130 and len(units(part)) == 4
+    cli(*args, "--out-dir", part)
+    for name in ("attribute-tiny-gpt2-three.csv", "attribute-tiny-gpt2-three-pairs.csv"):
+        assert result(part, name).read_bytes() == result(whole, name).read_bytes(), name
+    meta = json.loads(result(part, "attribute-tiny-gpt2-three.json").read_text())
+    assert (meta["partial"]["computed"], meta["partial"]["reused"]) == (2, 4)

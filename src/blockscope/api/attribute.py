@@ -12,7 +12,7 @@ import typer
 from blockscope.api.common import command, engine_record
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.api.output import write
-from blockscope.api.text_options import Pair, SiteOpt, Sweep, sites_of
+from blockscope.api.text_options import Pairs, SiteOpt, Sweep, sites_of
 from blockscope.choices import Attribution, Granularity
 from blockscope.errors import BadValue
 
@@ -20,7 +20,7 @@ from blockscope.errors import BadValue
 @dataclass
 class AttributeOptions(Options):
     name: ClassVar[str] = "attribute"
-    pair: Pair = group(Pair)
+    pair: Pairs = group(Pairs)
     site: SiteOpt = None
     method: Annotated[Attribution, typer.Option(
         help="atp: the gradient at the corrupted run (two forwards, one backward); ig: the "
@@ -80,47 +80,97 @@ def attribute(o: AttributeOptions):
     from blockscope.results.render import progress_bar
 
     started = time.perf_counter()
+    if o.pair.pairs is not None:
+        return many(o, started)
     pair = o.pair
     run, target, contrast = pair.open(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
     edge = o.granularity == "edge"
     with progress_bar(err, 1, "checking", not o.out.quiet, o.out.reporter) as tick:
         if edge:
-            from blockscope.experiments.circuit import MEANING, edge_attribution
+            from blockscope.experiments.circuit import edge_attribution
 
             df = edge_attribution(run.model, run.tokens, run.other, target=target,
                                   contrast=contrast, method=o.method.value, steps=o.ig_steps,
                                   check=o.checked, seed=o.seed)
         else:
-            MEANING = experiment.MEANING
             df = experiment.attribute(run.model, run.tokens, run.other, target=target,
                                       contrast=contrast, sites=sites_of(o.site),
                                       method=o.method.value, steps=o.ig_steps,
                                       check=o.checked, seed=o.seed,
                                       settings=o.sweep.settings().reporting(tick))
-    ig = o.method == "ig"
     meta = run.meta("attribute", o.prepend_bos, started, **pair.record(run),
-                    granularity=o.granularity.value, sites=None if edge else sites_of(o.site),
-                    metric=df.attrs["metric"], method=o.method.value,
-                    ig_steps=o.ig_steps if ig else None, sign=experiment.SIGN_RULE,
-                    path_rule=experiment.PATH_RULE if ig else None,
-                    star_rule=experiment.STAR_RULE if o.method == "atp-star" else None,
-                    clean_value=df.attrs["clean"], corrupted_value=df.attrs["corrupted"],
-                    attribution=df.attrs["attribution"], check=df.attrs["check"],
-                    check_rule=experiment.EDGE_CHECK_RULE if edge else experiment.CHECK_RULE,
-                    seed=o.seed, agreement=df.attrs["agreement"],
-                    **({} if edge else engine_record(df)), columns=MEANING)
+                    **recorded(o, df))
+    return written(o, run.spec, df, meta, {}, f"{pair.clean!r} into {pair.corrupted!r}",
+                   pair.metric_text())
+
+
+def many(o: AttributeOptions, started: float):
+    """attribute --pairs: every pair estimated, the averaged cells checked in every pair."""
+    from blockscope.api.common import err
+    from blockscope.experiments import attribute as experiment
+    from blockscope.results.render import progress_bar
+
+    many = o.pair.open_many(o.load, o.prepend_bos, o.bos_token, o.out.quiet,
+                            sites=[] if o.granularity == "edge" else sites_of(o.site),
+                            seed=o.seed)
+    quiet = o.out.quiet or not many.comm.writes
+    mine = sum(many.comm.owns(k) for k in range(len(many.items)))
+    with progress_bar(err, 2 * mine, "pairs", not quiet, o.out.reporter) as tick:
+        common = dict(method=o.method.value, steps=o.ig_steps, check=o.checked, seed=o.seed,
+                      comm=many.comm, kept=o.out.partial, progress=tick)
+        if o.granularity == "edge":
+            from blockscope.experiments.circuit import edge_attribution_pairs
+
+            df, per_pair = edge_attribution_pairs(many.model, many.items, **common)
+        else:
+            df, per_pair = experiment.attribute_pairs(many.model, many.items,
+                                                      sites=sites_of(o.site),
+                                                      settings=o.sweep.settings(), **common)
+    if not many.comm.writes:  # rank 0 alone prints and writes
+        return None
+    meta = many.meta("attribute", o.prepend_bos, started, **recorded(o, df))
+    return written(o, many.spec, df, meta, {"-pairs": per_pair},
+                   f"averaged over {len(many.items)} pairs ({many.source})",
+                   many.metric_text(), many.name, f", {len(many.items)} pairs ({many.name})")
+
+
+def recorded(o: AttributeOptions, df) -> dict:
+    """The sidecar's fields of the method, its rules and the check."""
+    from blockscope.experiments import attribute as experiment
+    from blockscope.experiments.circuit import MEANING as MEANING_EDGES
+
+    edge = o.granularity == "edge"
+    ig = o.method == "ig"
+    return dict(granularity=o.granularity.value, sites=None if edge else sites_of(o.site),
+                metric=df.attrs["metric"], method=o.method.value,
+                ig_steps=o.ig_steps if ig else None, sign=experiment.SIGN_RULE,
+                path_rule=experiment.PATH_RULE if ig else None,
+                star_rule=experiment.STAR_RULE if o.method == "atp-star" else None,
+                clean_value=df.attrs["clean"], corrupted_value=df.attrs["corrupted"],
+                attribution=df.attrs["attribution"], check=df.attrs["check"],
+                check_rule=experiment.EDGE_CHECK_RULE if edge else experiment.CHECK_RULE,
+                seed=o.seed, agreement=df.attrs["agreement"],
+                **({} if edge else engine_record(df)),
+                columns={**(MEANING_EDGES if edge else experiment.MEANING),
+                         **(experiment.MEANING_PAIRS if "ci_low" in df else {})})
+
+
+def written(o: AttributeOptions, spec, df, meta: dict, more: dict, what: str, metric: str,
+            pairs: str | None = None, over: str = ""):
+    """The files and the tables of a run, one pair or many (`pairs`: the set's name, in the
+    stem; `over`: said after the model's name in the titles)."""
+    edge = o.granularity == "edge"
     shown_as = {"atp": "EAP", "ig": "EAP-IG"}[o.method.value] if edge else o.method.value
-    stem = f"attribute-{run.spec.slug}"
+    stem = f"attribute-{spec.slug}" + (f"-{pairs}" if pairs else "")
     extra = {}
     if o.out.plot and (df["checked"] != "").any():
         from blockscope.results.interchange_plots import attribute_plot
 
         extra[f"{stem}.png"] = attribute_plot(df.assign(site="edge") if edge else df,
-                                              f"{run.spec.label}: {shown_as} "
-                                              f"against exact patching, {pair.clean!r} into "
-                                              f"{pair.corrupted!r}")
-    return write(o, stem, {"": df}, meta, extra=extra,
-                 shown=render(df, run.spec.label, pair.metric_text(), shown_as))
+                                              f"{spec.label}: {shown_as} against exact "
+                                              f"patching, {what}")
+    return write(o, stem, {"": df, **more}, meta, extra=extra,
+                 shown=render(df, spec.label + over, metric, shown_as))
 
 
 def render(df, label: str, what: str, method: str) -> list:
@@ -136,13 +186,22 @@ def render(df, label: str, what: str, method: str) -> list:
         shown = shown.assign(where=shown["writer"] + " -> " + shown["reader"])
     else:
         shown, _ = strongest(df, "normalized")
-    tables = [table(shown, {"where": ("edge" if edges else "site", "s"),
-                            "normalized": (method, "+.1%"),
-                            "exact_normalized": ("exact", "+.1%")},
+    columns = {"where": ("edge" if edges else "site", "s"), "normalized": (method, "+.1%")}
+    if "ci_low" in shown:  # over pairs: the estimate's interval, then the exact mean's
+        from blockscope.results.render import interval
+
+        shown = shown.assign(interval=[interval(a, b) for a, b in
+                                       zip(shown["ci_low"], shown["ci_high"], strict=True)])
+        columns["interval"] = ("95% CI", "s")
+    columns["exact_normalized"] = ("exact", "+.1%")
+    tables = [table(shown, columns,
                     title=f"{label}: the {'edges' if edges else 'sites'} {method} says move "
                     f"{what} most",
                     caption=f"0 = corrupted ({df.attrs['corrupted']:+.3f}), 1 = clean "
-                    f"({df.attrs['clean']:+.3f}); exact: empty where not checked")]
+                    f"({df.attrs['clean']:+.3f})" + ("" if "ci_low" not in shown else
+                                                     ", means over pairs; 95% CI: over pairs "
+                                                     "by bootstrap")
+                    + "; exact: empty where not checked")]
     agree = df.attrs["agreement"]
     if agree:
         rows = []
@@ -165,3 +224,4 @@ def render(df, label: str, what: str, method: str) -> list:
             "miss: the largest |estimate - exact|, restored share; random: the largest "
             "|exact| among the cells drawn at random"))
     return tables
+

@@ -12,7 +12,7 @@ import typer
 from blockscope.api.common import command
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.api.output import line, write
-from blockscope.api.text_options import Pair
+from blockscope.api.text_options import Pairs
 from blockscope.choices import Attribution
 from blockscope.errors import BadValue
 
@@ -20,7 +20,7 @@ from blockscope.errors import BadValue
 @dataclass
 class CircuitOptions(Options):
     name: ClassVar[str] = "circuit"
-    pair: Pair = group(Pair)
+    pair: Pairs = group(Pairs)
     method: Annotated[Attribution, typer.Option(
         help="How edges are ranked: atp (EAP: the gradient at the corrupted run) or ig "
         "(EAP-IG: averaged over --ig-steps points from the corrupted to the clean input)."
@@ -59,29 +59,43 @@ def circuit(o: CircuitOptions):
 
     started = time.perf_counter()
     pair = o.pair
-    run, target, contrast = pair.open(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
-    curve, ranked = experiment.circuit(run.model, run.tokens, run.other, target=target,
-                                       contrast=contrast, method=o.method.value,
-                                       steps=o.ig_steps, threshold=o.faithfulness)
+    if pair.pairs is not None:
+        run = pair.open_many(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
+        curve, ranked = experiment.circuit_pairs(run.model, run.items, method=o.method.value,
+                                                 steps=o.ig_steps, threshold=o.faithfulness,
+                                                 comm=run.comm)
+        if not run.comm.writes:  # rank 0 alone prints and writes
+            return None
+        what, more = f"averaged over {len(run.items)} pairs ({run.source})", {}
+        stem = f"circuit-{run.spec.slug}-{run.name}"
+    else:
+        run, target, contrast = pair.open(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
+        curve, ranked = experiment.circuit(run.model, run.tokens, run.other, target=target,
+                                           contrast=contrast, method=o.method.value,
+                                           steps=o.ig_steps, threshold=o.faithfulness)
+        what, more = f"{pair.clean!r} against {pair.corrupted!r}", pair.record(run)
+        stem = f"circuit-{run.spec.slug}"
     a = curve.attrs
     name = {"atp": "EAP", "ig": "EAP-IG"}[o.method.value]
-    meta = run.meta("circuit", o.prepend_bos, started, **pair.record(run),
+    meta = run.meta("circuit", o.prepend_bos, started, **more,
                     metric=a["metric"], method=o.method.value, ranking=name,
                     ig_steps=o.ig_steps if o.method == "ig" else None,
                     clean_value=a["clean"], corrupted_value=a["corrupted"],
                     threshold=o.faithfulness, smallest=a["smallest"],
                     total_edges=a["total_edges"], attribution=a["attribution"],
-                    rule=experiment.RULE, columns=experiment.MEANING)
-    stem = f"circuit-{run.spec.slug}"
+                    rule=experiment.RULE + (experiment.PAIRS_RULE if pair.pairs else ""),
+                    columns=experiment.MEANING)
     extra = {}
     if o.out.plot:
         from blockscope.results.interchange_plots import circuit_plot
 
         extra[f"{stem}.png"] = circuit_plot(curve, f"{run.spec.label}: circuits of the top "
-                                            f"{name} edges, {pair.clean!r} against "
-                                            f"{pair.corrupted!r}")
+                                            f"{name} edges, {what}")
+    metric = run.metric_text() if pair.pairs else pair.metric_text()
     return write(o, stem, {"": curve, "-edges": ranked}, meta, extra=extra,
-                 shown=render(curve, ranked, run.spec.label, pair.metric_text(), name))
+                 shown=render(curve, ranked, run.spec.label + (
+                     f", {len(run.items)} pairs ({run.name})" if pair.pairs else ""), metric,
+                     name))
 
 
 def render(curve, ranked, label: str, what: str, name: str) -> list:
@@ -93,10 +107,17 @@ def render(curve, ranked, label: str, what: str, name: str) -> list:
             f"{total:,} edges ({n / total:.1%})." if n is not None else
             f"No circuit of the top {name} edges carries {a['threshold']:.0%} of the gap, "
             f"not even all {total:,} edges.")
+    rows = curve[curve["on_grid"] | (curve["n_edges"] == (n or -1))]
+    columns = {"n_edges": ("edges", ",d"), "share": ("share", ".1%"),
+               "faithfulness": ("faithfulness", "+.1%")}
+    if "ci_low" in rows:  # over pairs
+        from blockscope.results.render import interval
+
+        rows = rows.assign(interval=[interval(a, b) for a, b in
+                                     zip(rows["ci_low"], rows["ci_high"], strict=True)])
+        columns["interval"] = ("95% CI", "s")
     shown = [line(said),
-             table(curve[curve["on_grid"] | (curve["n_edges"] == (n or -1))],
-                   {"n_edges": ("edges", ",d"), "share": ("share", ".1%"),
-                    "faithfulness": ("faithfulness", "+.1%")},
+             table(rows, columns,
                    title=f"{label}: the top {name} edges kept, the rest patched",
                    caption=f"faithfulness: 0 = corrupted ({a['corrupted']:+.3f}), 1 = clean "
                    f"({a['clean']:+.3f}), {what}")]

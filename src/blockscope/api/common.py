@@ -21,7 +21,8 @@ def command(fn):
     return fn
 
 
-DISTRIBUTED = {"ablate", "knockout", "prune-heads", "resid-norm", "trace"}  # split work by rank
+DISTRIBUTED = {"ablate", "attribute", "circuit", "knockout", "prune-heads", "resid-norm",
+               "trace"}  # split work by rank
 
 
 LATE_S = 1.0  # a piped run says what it is doing once a step has taken this long

@@ -18,7 +18,7 @@ from blockscope.errors import BadValue
 OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite", "fresh"}
 
 
-FILE_OPTIONS = {"dataset", "facts"}  # text options that may name a local file or folder
+FILE_OPTIONS = {"dataset", "facts", "pairs"}  # text options that may name a local file or folder
 
 
 def settings_digest(o) -> str:

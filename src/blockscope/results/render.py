@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -293,3 +294,10 @@ def strongest(df, column: str):
     return top.assign(where=[f"{r.site} L{r.layer} " + (f"head {r.head}" if r.site in HEADS else
                                                          f"@{r.position} {visible(r.token)}")
                              for r in top.itertuples()]), each
+
+
+def interval(lo: float, hi: float) -> str:
+    """A bootstrap interval as the tables show it: [+12%, +40%], or - where undefined."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "-"
+    return f"[{lo:+.0%}, {hi:+.0%}]"
