@@ -60,10 +60,17 @@ def circuit(o: CircuitOptions):
     started = time.perf_counter()
     pair = o.pair
     if pair.pairs is not None:
+        from blockscope.api.common import err
+        from blockscope.results.render import progress_bar
+
         run = pair.open_many(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
-        curve, ranked = experiment.circuit_pairs(run.model, run.items, method=o.method.value,
-                                                 steps=o.ig_steps, threshold=o.faithfulness,
-                                                 comm=run.comm)
+        mine = sum(run.comm.owns(k) for k in range(len(run.items)))
+        with progress_bar(err, mine, "estimating edges, pairs", not o.out.quiet and
+                          run.comm.writes, o.out.reporter) as tick:
+            curve, ranked = experiment.circuit_pairs(run.model, run.items,
+                                                     method=o.method.value, steps=o.ig_steps,
+                                                     threshold=o.faithfulness, comm=run.comm,
+                                                     progress=tick)
         if not run.comm.writes:  # rank 0 alone prints and writes
             return None
         what, more = f"averaged over {len(run.items)} pairs ({run.source})", {}

@@ -150,6 +150,9 @@ def circuit_plot(curve: pd.DataFrame, title: str) -> Figure:
     a = curve.attrs
     fig, ax = _subplots(figsize=(7.5, 4.2), constrained=True)
     ax.plot(curve["n_edges"], curve["faithfulness"], marker="o", ms=3)
+    if "ci_low" in curve:  # over pairs
+        ax.fill_between(curve["n_edges"], curve["ci_low"], curve["ci_high"], alpha=0.2,
+                        color="C0", lw=0, label="95% CI over pairs")
     ax.axhline(a["threshold"], color="C1", lw=0.8, ls="--",
                label=f"threshold {a['threshold']:.0%}")
     ax.axhline(1, color="grey", lw=0.6)
