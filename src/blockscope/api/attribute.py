@@ -117,15 +117,15 @@ def many(o: AttributeOptions, started: float):
     mine = sum(many.comm.owns(k) for k in range(len(many.items)))
     with progress_bar(err, 2 * mine, "pairs", not quiet, o.out.reporter) as tick:
         common = dict(method=o.method.value, steps=o.ig_steps, check=o.checked, seed=o.seed,
-                      comm=many.comm, kept=o.out.partial, progress=tick)
+                      settings=o.sweep.settings().reporting(tick), comm=many.comm,
+                      kept=o.out.partial)
         if o.granularity == "edge":
             from blockscope.experiments.circuit import edge_attribution_pairs
 
             df, per_pair = edge_attribution_pairs(many.model, many.items, **common)
         else:
             df, per_pair = experiment.attribute_pairs(many.model, many.items,
-                                                      sites=sites_of(o.site),
-                                                      settings=o.sweep.settings(), **common)
+                                                      sites=sites_of(o.site), **common)
     if not many.comm.writes:  # rank 0 alone prints and writes
         return None
     meta = many.meta("attribute", o.prepend_bos, started, **recorded(o, df))

@@ -160,8 +160,8 @@ def attribute(model, clean: torch.Tensor, corrupted: torch.Tensor, *, target: in
 
 def attribute_pairs(model, items: list, *, sites=("resid-pre",), method: str = "atp",
                     steps: int = 5, check: int | None = 20, seed: int = 0,
-                    settings: RunSettings = RunSettings(), comm=None, kept=None,
-                    progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    settings: RunSettings = RunSettings(), comm=None,
+                    kept=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`attribute` over many pairs (`experiments.pairs.Tokens`): (one row per cell, as
     `attribute`'s, its values averaged over pairs; one row per pair). `estimate` and
     `exact_<metric>` are means over pairs, `normalized` and `exact_normalized` the mean
@@ -169,8 +169,11 @@ def attribute_pairs(model, items: list, *, sites=("resid-pre",), method: str = "
     (`ci_low`, `ci_high`, `exact_ci_low`, `exact_ci_high`). The cells checked are picked
     on the averaged estimates, and patched exactly in every pair. Pairs are shared across
     processes under torchrun (`comm`) and kept as they finish (`kept`), twice: the
-    estimates, then the exact patches."""
+    estimates, then the exact patches. `settings.progress` is told of each pair done, in
+    each pass."""
     from blockscope.experiments import pairs as px
+
+    progress, settings = settings.progress, settings.quiet()
 
     check_sites(sites)
     check_method(method, steps)

@@ -26,6 +26,7 @@ from blockscope.errors import BadValue
 from blockscope.experiments.attribute import agreement, picked
 from blockscope.sweeps import edges
 from blockscope.sweeps.metrics import LogitDiff, TargetLogProb
+from blockscope.sweeps.settings import RunSettings
 
 MEANING = {
     "writer": "what writes to the stream: embed, aL.H (head H of block L), mL (block L's MLP)",
@@ -103,13 +104,17 @@ def edge_attribution(model, clean: torch.Tensor, corrupted: torch.Tensor, *, tar
 
 
 def edge_attribution_pairs(model, items: list, *, method: str = "atp", steps: int = 5,
-                           check: int | None = 20, seed: int = 0, comm=None, kept=None,
-                           progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                           check: int | None = 20, seed: int = 0,
+                           settings: RunSettings = RunSettings(), comm=None,
+                           kept=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`edge_attribution` over many pairs (`experiments.pairs.Tokens`), as
     `attribute.attribute_pairs` averages cells: (one row per edge, its estimate and exact
     effect averaged over pairs with bootstrap intervals; one row per pair). The edges
-    checked are picked on the averaged estimates and patched exactly in every pair."""
+    checked are picked on the averaged estimates and patched exactly in every pair;
+    `settings.progress` is told of each pair done, in each pass."""
     from blockscope.experiments import pairs as px
+
+    progress = settings.progress
 
     def estimated(t) -> dict:
         es = edges.scores(model, t.clean, t.corrupted, metric_for(t.target, t.contrast),
