@@ -66,14 +66,16 @@ def table(
     where the columns cannot all fit, the last ones are left out and the caption says
     which. Only a single column narrower than one of its words is folded."""
     cells = {c: [fmt(v, spec) for v in df[c]] for c, (_, spec) in columns.items()}
-    return Fitted(lambda w: _laid_out(cells, columns, w, title, styles or {}, caption), width)
+    return Fitted(lambda w: _laid_out(cells, columns, w, title, styles or {}, caption), width,
+                  title)
 
 
 class Fitted:
-    """A renderable built for the width it is printed at."""
+    """A renderable built for the width it is printed at (`title`: its table's)."""
 
-    def __init__(self, build: Callable[[int], Table], width: int | None = None):
-        self.build, self.width = build, width
+    def __init__(self, build: Callable[[int], Table], width: int | None = None,
+                 title: str | None = None):
+        self.build, self.width, self.title = build, width, title
 
     def __rich_console__(self, console, options):
         yield self.build(self.width or options.max_width)
