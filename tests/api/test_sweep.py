@@ -206,7 +206,8 @@ def test_sweep_reads_a_string_as_the_commands_do_and_names_its_files(tiny, tmp_p
     c = bs.sweep(tiny, [bs.Variant("half", [other])], bs.TargetLogProb(11), base=bs.Run(ids))
     assert c.digest != a.digest  # the intervention's fields are in the digest
     names = sorted(p.name for p in a.save(tmp_path))
-    assert names == [f"sweep-tiny-gpt2-{a.digest}.csv", f"sweep-tiny-gpt2-{a.digest}.json"]
+    assert names == ["plotly.min.js", f"sweep-tiny-gpt2-{a.digest}.csv",
+                     f"sweep-tiny-gpt2-{a.digest}.html", f"sweep-tiny-gpt2-{a.digest}.json"]
 
 
 def examples() -> list[str]:

@@ -46,7 +46,8 @@ def test_ablate_prints_table_and_writes_csv_and_json(run, tiny_dir, tmp_path):
         "block_influence", "angular_distance"}
     assert meta["replay"] == "plain" and meta["batch_size"] == 6  # GPT-2 blocks on the CPU
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [csv.name, csv.with_suffix(".json").name, csv.with_suffix(".png").name])
+            [csv.name, csv.with_suffix(".json").name, csv.with_suffix(".png").name,
+             csv.with_suffix(".html").name, "plotly.min.js"])  # the page and its script
 
 
 def test_quiet_prints_only_the_csv_path(run, tiny_dir, tmp_path):

@@ -171,7 +171,8 @@ def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
         assert a == b, name
     sidecar = result(tmp_path / "2", "prune-heads-tiny-gpt2-wiki.json")
     assert json.loads(sidecar.read_text())["world_size"] == 2
-    assert len(list((tmp_path / "2").iterdir())) == 4  # three CSVs, one sidecar: rank 0 only
+    # three CSVs, one sidecar, the page and its script: rank 0 only
+    assert len(list((tmp_path / "2").iterdir())) == 6
 
 
 def test_a_failing_rank_says_so_and_writes_nothing(tiny_dir, tmp_path, corpus, monkeypatch):

@@ -26,7 +26,7 @@ from blockscope.api.output import OUTPUT_ONLY
 from blockscope.api.result import Result
 from blockscope.errors import BadValue, BlockscopeError
 
-NOT_FACES = {"get-model", "toy-model"}  # utilities that write a model, not results
+NOT_FACES = {"get-model", "report", "toy-model"}  # utilities: a model, an index; not results
 
 
 def load(model: str | None = None, *, device: str = "auto", dtype: str = "float32",
@@ -125,7 +125,7 @@ def face(name: str):
             given["model"] = held[1].name  # as the settings digest names it
         values = {n: default for n, _, default in options} | {
             "out_dir": Path("results"), "quiet": True, "no_overwrite": False, "plot": True,
-            "fresh": False}
+            "fresh": False, "html": True}
         for n, kind, _ in options:
             if n in given:
                 values[n] = _cast(n, kind, given[n])

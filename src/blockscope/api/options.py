@@ -176,6 +176,8 @@ NoOverwriteOpt = Annotated[bool, flag(
     "--no-overwrite", help="Refuse, before any work, if results of these exact settings are "
     "already in --out-dir (by default they are replaced, and that is said).")]
 PlotOpt = Annotated[bool, flag("--plot/--no-plot", help="Write a PNG beside the CSV.")]
+HtmlOpt = Annotated[bool, flag("--html/--no-html", help="Write an HTML page beside the CSV "
+                               "(charts, sortable tables, settings; works offline).")]
 FreshOpt = Annotated[bool, flag(
     "--fresh", help="Start over: drop the finished units (facts, documents) that an "
     "interrupted run of these settings kept in --out-dir/.partial (by default the run "
@@ -203,6 +205,7 @@ class Written(Options):
     quiet: QuietOpt = False
     no_overwrite: NoOverwriteOpt = False
     fresh: FreshOpt = False
+    html: HtmlOpt = True
     # not an option: the command line's store of finished units (`inputs.partial`), set
     # before the command runs; None (the Python face) keeps nothing
     partial = None

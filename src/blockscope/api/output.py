@@ -15,7 +15,7 @@ from blockscope.api.result import Result, table_name
 from blockscope.errors import BadValue
 
 # Options that change only how results are shown or where they go, never what is measured.
-OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite", "fresh"}
+OUTPUT_ONLY = {"quiet", "plot", "out_dir", "no_overwrite", "fresh", "html"}
 
 
 FILE_OPTIONS = {"dataset", "facts", "pairs"}  # text options that may name a local file or folder
@@ -142,7 +142,7 @@ def write(o, stem: str, frames: dict, meta: dict, extra: dict | None = None,
     return Result(o.name, stem, settings_digest(o),
                   {table_name(suffix): df for suffix, df in frames.items()}, meta, pictures,
                   texts, [thing if isinstance(thing, tuple) else (thing, {})
-                          for thing in shown or ()])
+                          for thing in shown or ()], html=o.out.html)
 
 
 def line(text: str, **options) -> tuple:

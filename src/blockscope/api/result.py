@@ -43,6 +43,7 @@ class Result:
     pictures: dict[str, Callable] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # other files (name: content)
     shown: list[tuple] = field(default_factory=list, repr=False)
+    html: bool = True  # whether `files` and `save` include the page (`--no-html`: not)
     _drawn: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -68,11 +69,17 @@ class Result:
         """Every file the command line writes for these results, by its name (digest
         included): DataFrames (CSV), the sidecar (JSON), Figures (PNG) and texts."""
         files: dict[str, object] = {self.csv_name(name): df for name, df in self.tables.items()}
-        files[digested(f"{self.stem}.json", self.digest)] = {**self.meta,
-                                                               "settings_digest": self.digest}
+        files[digested(f"{self.stem}.json", self.digest)] = {
+            **self.meta, "settings_digest": self.digest,
+            **({"summary": self.headline} if self.headline else {})}  # for `report`'s index
         for name in self.pictures:
             files[digested(name, self.digest)] = self.figure(name)
         files.update({digested(n, self.digest): text for n, text in self.texts.items()})
+        if self.html:  # the page, linking every other file
+            from blockscope.results.page import page
+
+            links = {_label(self.stem, self.digest, name): name for name in files}
+            files[digested(f"{self.stem}.html", self.digest)] = page(self, links)
         return files
 
     def save(self, out_dir: str | Path = "results") -> list[Path]:
@@ -81,7 +88,13 @@ class Result:
         paths."""
         from blockscope.results.files import write_outputs
 
-        return write_outputs(Path(out_dir).expanduser(), self.files())
+        out = Path(out_dir).expanduser()
+        paths = write_outputs(out, self.files())
+        if self.html:  # the pages' shared script, written once into the folder
+            from blockscope.results.page import ensure_script
+
+            paths += ensure_script(out)
+        return paths
 
     def show(self, console=None) -> None:
         """Print what the command line prints of these results (its tables and lines) on
@@ -95,18 +108,38 @@ class Result:
 
     @property
     def headline(self) -> str:
-        """The one line the command prints under its table, where it prints one."""
-        return str(self.meta.get("headline", ""))
+        """The one line that says what the run found: the sidecar's `headline` where it is
+        a line, else the first plain line the command prints, else its first table's
+        title."""
+        said = self.meta.get("headline")
+        if isinstance(said, str):
+            return said
+        lines = [thing for thing, _ in self.shown if isinstance(thing, str)]
+        titles = [str(t) for thing, _ in self.shown if (t := getattr(thing, "title", None))]
+        return (lines or titles or [""])[0]
 
     def _repr_html_(self) -> str:
+        """In a notebook: the headline, the page's interactive charts and the table."""
+        from blockscope.results.page import notebook
+
         head = f"<b>blockscope {html.escape(self.command)}</b>: {html.escape(self.stem)}"
         line = f"<p>{html.escape(self.headline)}</p>" if self.headline else ""
-        return f"<div><p>{head}</p>{line}{self.table.to_html(max_rows=40)}</div>"
+        return (f"<div><p>{head}</p>{line}{notebook(self)}"
+                f"{self.table.to_html(max_rows=40)}</div>")
 
     def __repr__(self) -> str:
         shape = "x".join(str(n) for n in self.table.shape)
         return (f"Result(command={self.command!r}, stem={self.stem!r}, table={shape}, "
                 f"pictures={list(self.pictures)})")
+
+
+def _label(stem: str, digest: str, name: str) -> str:
+    """A file's link text on the page: its kind, and what its name adds to the stem ("CSV",
+    "CSV per-fact", "PNG", "JSON")."""
+    base, _, ext = name.rpartition(".")
+    base = base.removesuffix(f"-{digest}")
+    extra = base[len(stem):].strip("-") if base.startswith(stem) else base
+    return ext.upper() + (f" {extra}" if extra else "")
 
 
 def digested(name: str, digest: str) -> str:
