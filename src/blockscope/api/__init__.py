@@ -23,6 +23,7 @@ from blockscope.api import (  # noqa: F401  (registers the commands: one module 
     prune_blocks,
     prune_heads,
     rearrange,
+    report,
     reproduce,
     resid_norm,
     shapes,
