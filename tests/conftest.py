@@ -122,7 +122,8 @@ LONGEST_FIRST = ("tests/model/test_families.py", "tests/sweeps/test_engine.py",
                  "tests/cli/test_corpus_cli.py", "tests/experiments/test_interchange.py",
                  "tests/cli/test_resume.py", "tests/api/test_face.py",
                  "tests/cli/test_usability.py", "tests/inputs/test_corpus.py",
-                 "tests/experiments/test_attribute.py")
+                 "tests/experiments/test_attribute.py", "tests/results/test_pages.py",
+                 "tests/experiments/test_pairs.py")
 
 
 def pytest_collection_modifyitems(items):

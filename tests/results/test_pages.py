@@ -21,10 +21,22 @@ from ..conftest import ALICE, result
 
 PAIR = ["--clean", "The capital of France is", "--corrupted", "The capital of Italy is",
         "--target", " Paris", "--contrast", " Rome"]
+PROMPT = "The capital of France is"
+TEXT = ["--text", str(ALICE), "--max-tokens", "30"]
+# every command with a chart, and one with its table alone (params)
 RUNS = {"patch": ["patch", *PAIR, "--site", "resid-pre", "--site", "z"],
+        "attribute": ["attribute", *PAIR, "--site", "mlp-out", "--check", "1"],
+        "circuit": ["circuit", *PAIR, "--method", "atp"],
         "attention": ["attention", "The capital of France", "--layer", "1"],
-        "trace": ["trace", "The capital of France is", "--subject", "France", "--samples", "1"],
-        "ablate": ["ablate", "--text", str(ALICE), "--max-tokens", "30", "--bootstrap", "0"]}
+        "trace": ["trace", PROMPT, "--subject", "France", "--samples", "1"],
+        "knockout": ["knockout", PROMPT, "--subject", "France"],
+        "logit-lens": ["logit-lens", PROMPT],
+        "resid-norm": ["resid-norm", PROMPT],
+        "ablate": ["ablate", *TEXT, "--bootstrap", "0"],
+        "head-roles": ["head-roles", *TEXT],
+        "prune-heads": ["prune-heads", *TEXT, "--step", "0.5", "--bootstrap", "0"],
+        "prune-blocks": ["prune-blocks", *TEXT, "--bootstrap", "0"],
+        "params": ["params", "--model", "gpt2"]}
 MAX_PAGE = 300_000  # bytes, without the shared script (issue 63)
 
 
@@ -41,8 +53,9 @@ def pages(tiny_dir, tmp_path_factory):
     """Four runs on the tiny model in one folder, and its index."""
     out = tmp_path_factory.mktemp("pages")
     for args in RUNS.values():
-        res = CliRunner().invoke(app, [*args, "--model", str(tiny_dir), "--out-dir", str(out),
-                                       "--no-plot", "-q"])
+        model = [] if "--model" in args else ["--model", str(tiny_dir)]
+        res = CliRunner().invoke(app, [*args, *model, "--out-dir", str(out), "--no-plot",
+                                       "-q"])
         assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, ["report", str(out)])
     assert res.exit_code == 0, res.output
@@ -94,6 +107,7 @@ def requests(driver) -> list[str]:
 def test_every_page_loads_offline_with_no_error(pages, browser):
     htmls = sorted(pages.glob("*.html"))
     assert len(htmls) == len(RUNS) + 1  # and the index
+    charted = set(RUNS) - {"params"}
     browser.get_log("performance")
     for path in htmls:
         opened(browser, path)
@@ -106,8 +120,9 @@ def test_every_page_loads_offline_with_no_error(pages, browser):
         if path.name != "index.html":
             assert f"{pages.as_uri()}/{SCRIPT}" in asked
             assert path.stat().st_size <= MAX_PAGE, path.name
-            assert browser.execute_script("return document.querySelectorAll('.chart "
-                                          ".main-svg').length") > 0, path.name
+            drawn = browser.execute_script("return document.querySelectorAll('.chart "
+                                           ".main-svg').length")
+            assert (drawn > 0) == (path.name.split("-tiny")[0] in charted), path.name
 
 
 def test_pointing_at_a_cell_shows_the_csv_value(pages, browser):
@@ -207,3 +222,14 @@ def test_pages_name_no_network_and_no_html_writes_none(pages, tmp_path):
     first, second = run._repr_html_(), run._repr_html_()
     assert first.count(page.script()[:200]) == 1 and page.script()[:200] not in second
     assert second.count("Plotly.newPlot") == 2  # the two sites' heatmaps
+
+
+def test_a_heatmap_refuses_two_rows_for_one_cell():
+    """A cell the frame holds twice is a bug to see, never one of the two picked."""
+    from blockscope.results.charts import heatmap
+
+    df = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 0, 0], "delta": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match="several rows for one"):
+        heatmap(df, "delta", "", cols="head")
+    fig = heatmap(df.iloc[1:], "delta", "", cols="head")
+    assert fig["data"][0]["z"] == [[2.0], [3.0]]

@@ -44,6 +44,8 @@ def heatmap(df: pd.DataFrame, value: str, title: str, *, rows: str = "layer",
             row_order: list | None = None):
     """One heatmap of `df[value]` over (rows, cols): a column per distinct `cols` value,
     labelled by `col_labels` (position -> "3 ␣France"), a row per `rows` value."""
+    if df.duplicated([rows, cols]).any():  # a cell is one row: never pick one of several
+        raise ValueError(f"{value}: several rows for one ({rows}, {cols}) cell")
     grid = df.pivot_table(index=rows, columns=cols, values=value, aggfunc="first",
                           sort=row_order is None, dropna=False)
     if row_order is not None:
@@ -192,9 +194,11 @@ def _prune_heads(r) -> list:
     out = []
     df = r.table
     if {"layer", "head", "delta"} <= set(df):
-        one = df.drop_duplicates(["layer", "head"])
-        out.append(heatmap(one, "delta", "perplexity change with the head removed",
-                           cols="head"))
+        by = "method" if "method" in df else None
+        for method, part in ([(None, df)] if by is None else df.groupby(by, sort=False)):
+            said = "" if method is None else f" ({method})"
+            out.append(heatmap(part, "delta", f"perplexity change with the head removed"
+                               f"{said}", cols="head"))
     curve = r.tables.get("curve")
     if curve is not None:
         out.append(lines(curve, "share_removed", "perplexity", "perplexity as heads go",

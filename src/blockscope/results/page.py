@@ -160,19 +160,19 @@ def _json_script(ident: str, data) -> str:
 
 
 def ensure_script(out_dir) -> list:
-    """Write plotly.js into `out_dir` as SCRIPT unless the same is there (temp file, then
-    rename): [its path] when written, [] when it was there already."""
+    """Copy plotly.js into `out_dir` as SCRIPT unless it is there already (temp file, then
+    rename): [its path] when written, [] when it was there."""
     import os
+    import shutil
     import tempfile
     from pathlib import Path
 
-    target = Path(out_dir) / SCRIPT
-    text = script()
-    if target.is_file() and target.stat().st_size == len(text.encode("utf-8")):
+    source, target = _script_path(), Path(out_dir) / SCRIPT
+    if target.is_file() and target.stat().st_size == source.stat().st_size:
         return []
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{SCRIPT}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    os.close(fd)
+    shutil.copyfile(source, tmp)
     os.chmod(tmp, 0o644)
     os.replace(tmp, target)
     return [target]
@@ -200,12 +200,15 @@ def notebook(result) -> str:
     return "".join(out)
 
 
-def script() -> str:
-    """plotly.js, as the plotly package ships it (what every page loads)."""
+def _script_path():
     from importlib import resources
 
-    return (resources.files("plotly") / "package_data" / "plotly.min.js").read_text(
-        encoding="utf-8")
+    return resources.files("plotly") / "package_data" / "plotly.min.js"
+
+
+def script() -> str:
+    """plotly.js, as the plotly package ships it (what every page loads)."""
+    return _script_path().read_text(encoding="utf-8")
 
 
 __all__ = ["MAX_ROWS", "SCRIPT", "ensure_script", "notebook", "page", "script", "settings",
