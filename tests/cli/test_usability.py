@@ -166,6 +166,12 @@ FACT = {"prompt": "The capital of France is", "subject": "France", "target": " P
     (["circuit", "--clean", "The capital of France is", "--corrupted",
       "The capital of the United Kingdom is", "--target", " Paris"],
      "the same number of tokens (--clean is 6, --corrupted 8)"),
+    # many pairs: the file or set, and not with a pair
+    (["attribute", "--pairs", "no-such.jsonl"],
+     "--pairs no-such.jsonl: no such file, nor a built-in set (capitals, ioi)"),
+    (["circuit", "--pairs", "ioi", "--target", " x"],
+     "give one pair (--clean, --corrupted, --target) or --pairs, not both"),
+    (["attribute", "--clean", "A b", "--target", " x"], "give --corrupted (or many pairs"),
     # a facts file's lines, named (line 2 is blank)
     (["trace", "--facts", "{facts:subject=Germany}"],
      "--facts {path}, line 3: subject 'Germany' is not in the prompt 'The capital of France "

@@ -212,6 +212,8 @@ def test_pages_name_no_network_and_no_html_writes_none(pages, tmp_path):
     for path in pages.glob("*.html"):
         text = path.read_text(encoding="utf-8")
         assert "http://" not in text and "https://" not in text, path.name
+    res = CliRunner().invoke(app, ["report", str(tmp_path)])  # no run in it yet
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: DIR {tmp_path}: no run's")
     res = CliRunner().invoke(app, ["layernorm", "1", "2", "4", "--no-html", "--out-dir",
                                    str(tmp_path)])
     assert res.exit_code == 0, res.output

@@ -22,7 +22,7 @@ class ReportOptions(Options):
 
     def check(self) -> None:
         if not self.folder.expanduser().is_dir():
-            raise BadValue(f"`folder` {self.folder}: no such folder")
+            raise BadValue(f"DIR {self.folder}: no such folder")
 
 
 @command
@@ -39,7 +39,7 @@ def report(o: ReportOptions) -> None:
     folder = o.folder.expanduser()
     df = runs(folder)
     if df.empty:
-        raise BadValue(f"`folder` {o.folder}: no run's sidecar in it")
+        raise BadValue(f"DIR {o.folder}: no run's sidecar in it (the JSON beside each CSV)")
     path = write_outputs(folder, {NAME: index(df, f"blockscope runs in {folder.resolve()}")})[0]
     out.print(table(df.head(20), {"command": ("command", "s"), "model": ("model", "s"),
                                  "date": ("date", "s"), "headline": ("headline", "s")},
