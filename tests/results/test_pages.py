@@ -235,3 +235,12 @@ def test_a_heatmap_refuses_two_rows_for_one_cell():
         heatmap(df, "delta", "", cols="head")
     fig = heatmap(df.iloc[1:], "delta", "", cols="head")
     assert fig["data"][0]["z"] == [[2.0], [3.0]]
+    # on a page: no chart, said, and the tables still there (the run keeps its files)
+    from blockscope.api.result import Result
+    from blockscope.results.page import page
+
+    df = df.assign(method="zero", ablation_perplexity=1.0)
+    text = page(Result("prune-heads", "prune-heads-x", "00000000", {"main": df},
+                       {"command": "prune-heads"}))
+    assert "The charts could not be drawn (ValueError: delta: several rows" in text
+    assert 'id="table-main"' in text and 'id="chart-0"' not in text

@@ -70,7 +70,10 @@ def page(result, files: dict[str, str] | None = None) -> str:
     name) for links."""
     from blockscope.results.charts import attention_data, charts
 
-    figures = charts(result)
+    try:
+        figures, failed = charts(result), None
+    except Exception as exc:  # a chart's bug must not cost the run its files
+        figures, failed = [], f"{type(exc).__name__}: {exc}"
     title = f"blockscope {result.command}: {result.stem}"
     parts = [f"<h1>{_e(title)}</h1>"]
     if result.headline:
@@ -92,6 +95,9 @@ def page(result, files: dict[str, str] | None = None) -> str:
                      '<span class="note">point at a cell: the weight a query (row) gives a '
                      'key (column)</span></p>')
         parts.append(_json_script("attention-data", patterns))
+    if failed:
+        parts.append(f'<p class="headline">The charts could not be drawn ({_e(failed)}); '
+                     "the tables below are the run's.</p>")
     parts += [f'<div id="chart-{k}" class="chart"></div>' for k in range(len(figures))]
     for name, df in result.tables.items():
         heading = "The table" if name == "main" else f"The {name} table"
