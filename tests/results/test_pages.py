@@ -244,3 +244,27 @@ def test_a_heatmap_refuses_two_rows_for_one_cell():
                        {"command": "prune-heads"}))
     assert "The charts could not be drawn (ValueError: delta: several rows" in text
     assert 'id="table-main"' in text and 'id="chart-0"' not in text
+
+
+def test_pointing_at_a_line_shows_the_csv_value(pages, browser):
+    """ablate's line: the pointer on block 1's point shows the perplexity the CSV holds."""
+    from selenium.webdriver.common.action_chains import ActionBuilder
+
+    df = pd.read_csv(result(pages, "ablate-tiny-gpt2-alice.csv"))
+    want = float(df.loc[df["layer"] == 1, "perplexity"].iloc[0])
+    opened(browser, result(pages, "ablate-tiny-gpt2-alice.html"))
+    x, y = browser.execute_script("""
+        const gd = document.getElementById('chart-0'), l = gd._fullLayout;
+        const box = gd.getBoundingClientRect();
+        return [box.left + l.xaxis._offset + l.xaxis.l2p(1),
+                box.top + l.yaxis._offset + l.yaxis.l2p(arguments[0])];""", want)
+    action = ActionBuilder(browser)
+    action.pointer_action.move_to_location(int(x), int(y))
+    action.perform()
+    deadline = time.monotonic() + 5
+    while not (shown := browser.execute_script(
+            "const t = document.querySelector('#chart-0 .hovertext');"
+            "return t ? t.textContent : ''")):
+        assert time.monotonic() < deadline, "no value shown under the pointer"
+        time.sleep(0.02)
+    assert f"perplexity {want:.6g}" in shown and "layer 1" in shown
