@@ -19,24 +19,25 @@ from blockscope.results.page import SCRIPT
 
 from ..conftest import ALICE, result
 
-PAIR = ["--clean", "The capital of France is", "--corrupted", "The capital of Italy is",
-        "--target", " Paris", "--contrast", " Rome"]
 PROMPT = "The capital of France is"
-TEXT = ["--text", str(ALICE), "--max-tokens", "30"]
-# every command with a chart, and one with its table alone (params)
-RUNS = {"patch": ["patch", *PAIR, "--site", "resid-pre", "--site", "z"],
-        "attribute": ["attribute", *PAIR, "--site", "mlp-out", "--check", "1"],
-        "circuit": ["circuit", *PAIR, "--method", "atp"],
-        "attention": ["attention", "The capital of France", "--layer", "1"],
-        "trace": ["trace", PROMPT, "--subject", "France", "--samples", "1"],
-        "knockout": ["knockout", PROMPT, "--subject", "France"],
-        "logit-lens": ["logit-lens", PROMPT],
-        "resid-norm": ["resid-norm", PROMPT],
-        "ablate": ["ablate", *TEXT, "--bootstrap", "0"],
-        "head-roles": ["head-roles", *TEXT],
-        "prune-heads": ["prune-heads", *TEXT, "--step", "0.5", "--bootstrap", "0"],
-        "prune-blocks": ["prune-blocks", *TEXT, "--bootstrap", "0"],
-        "params": ["params", "--model", "gpt2"]}
+PAIR = dict(clean=PROMPT, corrupted="The capital of Italy is", target=" Paris",
+            contrast=" Rome")
+TEXT = dict(text=str(ALICE), max_tokens=30)
+# every command with a chart, and one with its table alone (params), run from Python on the
+# tiny model held once (a load per command would double the fixture's time)
+RUNS = {"patch": dict(**PAIR, site=["resid-pre", "z"]),
+        "attribute": dict(**PAIR, site=["mlp-out"], check_cells="1"),
+        "circuit": dict(**PAIR, method="atp"),
+        "attention": dict(prompt="The capital of France", layer="1"),
+        "trace": dict(prompt=PROMPT, subject="France", samples=1),
+        "knockout": dict(prompt=PROMPT, subject="France"),
+        "logit-lens": dict(prompt=PROMPT),
+        "resid-norm": dict(prompt=PROMPT),
+        "ablate": dict(**TEXT, bootstrap=0),
+        "head-roles": dict(**TEXT),
+        "prune-heads": dict(**TEXT, step=0.5, bootstrap=0),
+        "prune-blocks": dict(**TEXT, bootstrap=0),
+        "params": dict(model=["gpt2"])}
 MAX_PAGE = 300_000  # bytes, without the shared script (issue 63)
 
 
@@ -49,14 +50,17 @@ def chromium() -> tuple[str, str] | None:
 
 
 @pytest.fixture(scope="module")
-def pages(tiny_dir, tmp_path_factory):
-    """Four runs on the tiny model in one folder, and its index."""
+def pages(tiny, tmp_path_factory):
+    """A run of each command in RUNS on the tiny model, saved in one folder as the command
+    line saves it (`Result.save`: CSV, sidecar, page, script), and the folder's index."""
+    import blockscope as bs
+
     out = tmp_path_factory.mktemp("pages")
-    for args in RUNS.values():
-        model = [] if "--model" in args else ["--model", str(tiny_dir)]
-        res = CliRunner().invoke(app, [*args, *model, "--out-dir", str(out), "--no-plot",
-                                       "-q"])
-        assert res.exit_code == 0, res.output
+    for name, options in RUNS.items():
+        run = getattr(bs, name.replace("-", "_"))
+        result = run(**options) if "model" in options else run(tiny, **options)
+        result.pictures.clear()  # no PNG: the pages are what is tested here
+        result.save(out)
     res = CliRunner().invoke(app, ["report", str(out)])
     assert res.exit_code == 0, res.output
     return out
