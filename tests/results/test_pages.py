@@ -108,6 +108,28 @@ def requests(driver) -> list[str]:
     return urls
 
 
+def pointed(driver, x_value, y_value) -> str:
+    """Move the real pointer onto chart-0's point (x_value, y_value), in its axes' own
+    units (a category's index on a category axis), and return the hover label it shows."""
+    from selenium.webdriver.common.action_chains import ActionBuilder
+
+    x, y = driver.execute_script("""
+        const gd = document.getElementById('chart-0'), l = gd._fullLayout;
+        const box = gd.getBoundingClientRect();
+        return [box.left + l.xaxis._offset + l.xaxis.l2p(arguments[0]),
+                box.top + l.yaxis._offset + l.yaxis.l2p(arguments[1])];""", x_value, y_value)
+    action = ActionBuilder(driver)
+    action.pointer_action.move_to_location(int(x), int(y))
+    action.perform()
+    deadline = time.monotonic() + 5
+    while not (shown := driver.execute_script(
+            "const t = document.querySelector('#chart-0 .hovertext');"
+            "return t ? t.textContent : ''")):
+        assert time.monotonic() < deadline, "no value shown under the pointer"
+        time.sleep(0.02)
+    return shown
+
+
 def test_every_page_loads_offline_with_no_error(pages, browser):
     htmls = sorted(pages.glob("*.html"))
     assert len(htmls) == len(RUNS) + 1  # and the index
@@ -132,25 +154,10 @@ def test_every_page_loads_offline_with_no_error(pages, browser):
 def test_pointing_at_a_cell_shows_the_csv_value(pages, browser):
     """The pointer on resid-pre's cell (layer 1, position 4: " France") shows the
     `normalized` value the CSV holds there."""
-    from selenium.webdriver.common.action_chains import ActionBuilder
-
     df = pd.read_csv(result(pages, "patch-tiny-gpt2.csv"))
     want = df[(df["site"] == "resid-pre") & (df["layer"] == 1) & (df["position"] == 4)]
     opened(browser, result(pages, "patch-tiny-gpt2.html"))
-    x, y = browser.execute_script("""
-        const gd = document.getElementById('chart-0'), l = gd._fullLayout;
-        const box = gd.getBoundingClientRect();
-        return [box.left + l.xaxis._offset + l.xaxis.l2p(4),
-                box.top + l.yaxis._offset + l.yaxis.l2p(1)];""")
-    action = ActionBuilder(browser)
-    action.pointer_action.move_to_location(int(x), int(y))
-    action.perform()
-    deadline = time.monotonic() + 5
-    while not (shown := browser.execute_script(
-            "const t = document.querySelector('#chart-0 .hovertext');"
-            "return t ? t.textContent : ''")):
-        assert time.monotonic() < deadline, "no value shown under the pointer"
-        time.sleep(0.02)
+    shown = pointed(browser, 4, 1)
     assert f"normalized {float(want['normalized'].iloc[0]):.6g}" in shown
     assert "layer 1" in shown and "position 4 ␣France" in shown
 
@@ -252,23 +259,8 @@ def test_a_heatmap_refuses_two_rows_for_one_cell():
 
 def test_pointing_at_a_line_shows_the_csv_value(pages, browser):
     """ablate's line: the pointer on block 1's point shows the perplexity the CSV holds."""
-    from selenium.webdriver.common.action_chains import ActionBuilder
-
     df = pd.read_csv(result(pages, "ablate-tiny-gpt2-alice.csv"))
     want = float(df.loc[df["layer"] == 1, "perplexity"].iloc[0])
     opened(browser, result(pages, "ablate-tiny-gpt2-alice.html"))
-    x, y = browser.execute_script("""
-        const gd = document.getElementById('chart-0'), l = gd._fullLayout;
-        const box = gd.getBoundingClientRect();
-        return [box.left + l.xaxis._offset + l.xaxis.l2p(1),
-                box.top + l.yaxis._offset + l.yaxis.l2p(arguments[0])];""", want)
-    action = ActionBuilder(browser)
-    action.pointer_action.move_to_location(int(x), int(y))
-    action.perform()
-    deadline = time.monotonic() + 5
-    while not (shown := browser.execute_script(
-            "const t = document.querySelector('#chart-0 .hovertext');"
-            "return t ? t.textContent : ''")):
-        assert time.monotonic() < deadline, "no value shown under the pointer"
-        time.sleep(0.02)
+    shown = pointed(browser, 1, want)
     assert f"perplexity {want:.6g}" in shown and "layer 1" in shown
