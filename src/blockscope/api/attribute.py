@@ -12,7 +12,8 @@ import typer
 from blockscope.api.common import command, engine_record
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.api.output import write
-from blockscope.api.text_options import Pairs, SiteOpt, Sweep, sites_of
+from blockscope.api.pairs import Pairs, SiteOpt, sites_of
+from blockscope.api.text_options import Sweep
 from blockscope.choices import Attribution, Granularity
 from blockscope.errors import BadValue
 

@@ -12,7 +12,7 @@ import typer
 from blockscope.api.common import command
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.api.output import line, write
-from blockscope.api.text_options import Pairs
+from blockscope.api.pairs import Pairs
 from blockscope.choices import Attribution
 from blockscope.errors import BadValue
 

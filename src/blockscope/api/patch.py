@@ -10,7 +10,8 @@ from typing import ClassVar
 from blockscope.api.common import command, engine_record
 from blockscope.api.options import BosTokenOpt, Load, Options, Output, PromptBosOpt, group
 from blockscope.api.output import write
-from blockscope.api.text_options import Pair, SiteOpt, Sweep, sites_of
+from blockscope.api.pairs import Pair, SiteOpt, sites_of
+from blockscope.api.text_options import Sweep
 
 
 @dataclass
