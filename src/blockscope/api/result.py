@@ -109,14 +109,16 @@ class Result:
     @property
     def headline(self) -> str:
         """The one line that says what the run found: the sidecar's `headline` where it is
-        a line, else the first plain line the command prints, else its first table's
-        title."""
+        a line, else the first thing the command prints, a line or a table's title (the
+        notes printed under a table are not it)."""
         said = self.meta.get("headline")
         if isinstance(said, str):
             return said
-        lines = [thing for thing, _ in self.shown if isinstance(thing, str)]
-        titles = [str(t) for thing, _ in self.shown if (t := getattr(thing, "title", None))]
-        return (lines or titles or [""])[0]
+        for thing, _ in self.shown:
+            text = thing if isinstance(thing, str) else getattr(thing, "title", None)
+            if text:
+                return str(text)
+        return ""
 
     def _repr_html_(self) -> str:
         """In a notebook: the headline, the page's interactive charts and the table."""
