@@ -205,6 +205,8 @@ def test_the_index_filters_by_command(pages, browser):
     rows = "return [...document.querySelectorAll('#runs tbody tr')].filter(r => !r.hidden)" \
            ".map(r => r.cells[0].textContent)"
     assert sorted(browser.execute_script(rows)) == sorted(RUNS)
+    browser.find_element("xpath", "//table[@id='runs']//th[.='command']").click()
+    assert browser.execute_script(rows) == sorted(RUNS)  # the page's sorting, as text
     Select(browser.find_element("css selector", "select[data-key=command]")
            ).select_by_value("trace")
     assert browser.execute_script(rows) == ["trace"]

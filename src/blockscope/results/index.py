@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from blockscope.results.page import STYLE, _e
+from blockscope.results.page import SORT, STYLE, _e
 
 NAME = "index.html"
 CODE = """
@@ -19,15 +19,8 @@ function filter(){for(const r of rows){r.hidden=!pick.every(
   s=>s.value===''||r.dataset[s.dataset.key]===s.value);}
   document.getElementById('shown').textContent=rows.filter(r=>!r.hidden).length;}
 for(const s of pick)s.addEventListener('change',filter);
-for(const th of document.querySelectorAll('#runs th'))th.addEventListener('click',()=>{
-  const k=th.cellIndex,body=th.closest('table').tBodies[0];
-  const down=th.getAttribute('aria-sort')==='ascending';
-  for(const h of th.parentNode.cells)h.removeAttribute('aria-sort');
-  th.setAttribute('aria-sort',down?'descending':'ascending');
-  const sorted=[...body.rows].sort((a,b)=>{const c=a.cells[k].textContent.localeCompare(
-    b.cells[k].textContent);return down?-c:c;});for(const r of sorted)body.appendChild(r);});
 filter();
-"""
+""" + SORT  # the page's sorting: every column here is text
 
 
 def runs(folder: Path) -> pd.DataFrame:

@@ -35,7 +35,7 @@ td.text,th.text{text-align:left}
 .settings td{text-align:left;vertical-align:top}.settings pre{margin:0;white-space:pre-wrap}
 .note{color:#666;font-size:.85em}.wide{overflow-x:auto}
 """
-CODE = """
+SORT = """
 function sortBy(th){
   const table=th.closest('table'),body=table.tBodies[0],k=th.cellIndex;
   const down=th.getAttribute('aria-sort')==='ascending';
@@ -50,6 +50,8 @@ function sortBy(th){
 }
 for(const th of document.querySelectorAll('table.data th'))
   th.addEventListener('click',()=>sortBy(th));
+"""  # a table sorts on a click on a column's name: numbers as numbers, the rest as text
+CODE = SORT + """
 const figures=JSON.parse(document.getElementById('figures').textContent);
 const drawn=figures.map((f,i)=>Plotly.newPlot('chart-'+i,f.data,f.layout,
   {displaylogo:false,responsive:true}));
