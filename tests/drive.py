@@ -16,7 +16,8 @@ def engine_sweep(model, tokens: torch.Tensor, variants, *, wins, **kw) -> pd.Dat
     nlls, how = engine_nlls(model, tokens, variants, wins=wins, **kw)
     labels = [{"variant": "baseline"}] + [{"variant": "ablated", **v.label} for v in variants]
     sums, counts = stats.unit_sums(torch.stack(nlls), "document")  # (1, V, 2): one unit
-    df = stats.frame(labels, sums[..., 0], counts, None, "document", kl=sums[..., 1])
+    df = stats.frame(labels, {"nll": sums[..., 0], "kl": sums[..., 1]}, counts, None,
+                     "document")
     df.attrs["engine"] = how
     return df
 

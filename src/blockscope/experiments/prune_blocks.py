@@ -172,7 +172,7 @@ def _greedy(model, docs, base, skips, top: int, kw: dict, progress):
         left = [i for i in range(len(skips)) if i not in removed]
         tried = scoring.scores(model, docs, [Variant({}, tuple(skips[j] for j in removed + [i]))
                                           for i in left], **kw)
-        totals = tried.sums[:, 1:].sum(0)  # (len(left),)
+        totals = tried.of("nll")[:, 1:].sum(0)  # (len(left),)
         best = int(np.argmin(totals))  # the first minimum: the lowest layer on ties
         removed = removed + [left[best]]
         steps.append(removed)
@@ -191,8 +191,7 @@ def _curve(order, base, steps, scores, per, total, ci) -> pd.DataFrame:
              **base.frame(ci).iloc[0][ROW].to_dict()}]
     for k, (blocks, (s, col)) in enumerate(zip(steps, scores, strict=True), 1):
         pair = dataclasses.replace(base, labels=base.labels + [s.labels[col]],
-                                   sums=np.concatenate([base.sums, s.sums[:, col:col + 1]], 1),
-                                   kl=np.concatenate([base.kl, s.kl[:, col:col + 1]], 1))
+                                   sums=np.concatenate([base.sums, s.sums[:, col:col + 1]], 1))
         hows.append(s.how)
         rows.append({"order": order, "step": k, "removed": ",".join(map(str, blocks)),
                      "n_removed": len(blocks),

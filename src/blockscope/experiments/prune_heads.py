@@ -104,8 +104,7 @@ def pruning_curve(
                                              prepared=prepared, kl=True)
             df = dataclasses.replace(
                 base, labels=base.labels + scored.labels,
-                sums=np.concatenate([base.sums, scored.sums], axis=1),
-                kl=np.concatenate([base.kl, scored.kl], axis=1)).frame(ci)
+                sums=np.concatenate([base.sums, scored.sums], axis=1)).frame(ci)
             ran = scored.how
         else:
             df = run([Variant({}, tuple(head_edits(keep.clone(), fill)))])

@@ -144,35 +144,42 @@ def pairing(docs, prepared: Prepared) -> dict:
 
 @dataclass
 class Scores:
-    """Per-unit NLL sums of a sweep, gathered from every process, in corpus order."""
+    """Per-unit sums of a sweep's per-token metric, gathered from every process, in corpus
+    order: its columns named by the metric (`NllKl.columns`: nll, kl)."""
 
-    labels: list[dict]  # one per column: the baseline's, then each variant's
-    sums: np.ndarray  # (U, V) summed NLL per unit (a document, or a passage's chunk)
+    labels: list[dict]  # one per variant column: the baseline's, then each variant's
+    sums: np.ndarray  # (U, V, k) summed per unit (a document, or a passage's chunk)
     counts: np.ndarray  # (U,) tokens scored per unit
     unit: str  # "document" or "chunk"
     how: dict  # how the engine ran (replay, batch size, any fallback)
-    kl: np.ndarray | None = None  # (U, V) summed KL divergence from the clean distribution
+    columns: tuple[str, ...] = NllKl.columns  # the metric's k columns, in order
+
+    def of(self, column: str) -> np.ndarray:
+        """(U, V): the sums of the metric's column `column`."""
+        return self.sums[..., self.columns.index(column)]
 
     def frame(self, ci: stats.Bootstrap | None = None) -> pd.DataFrame:
         """Baseline row, then one row per variant (`stats.frame`); attrs["engine"] = how."""
-        df = stats.frame(self.labels, self.sums, self.counts, ci, self.unit, self.kl)
+        df = stats.frame(self.labels, {c: self.of(c) for c in self.columns}, self.counts, ci,
+                         self.unit)
         df.attrs["engine"] = self.how
         return df
 
 
-def gather_units(docs, units: list, hows: list[dict], labels: list[dict]) -> Scores:
-    """`units` = [(doc index, chunk, sums (V, 2), count)] of this process, and how each
-    document ran, joined with every other process's, in corpus order."""
+def gather_units(docs, units: list, hows: list[dict], labels: list[dict],
+                 columns: tuple[str, ...] = NllKl.columns) -> Scores:
+    """`units` = [(doc index, chunk, sums (V, k), count)] of this process, and how each
+    document ran, joined with every other process's, in corpus order; `columns` names the
+    k."""
     gathered = docs.comm.gather((units, hows))
     units = sorted((u for part, _ in gathered for u in part), key=lambda u: u[:2])
-    sums = np.stack([u[2] for u in units])  # (U, V, 2): NLL and KL
-    return Scores(labels, sums[..., 0], np.array([u[3] for u in units]),
-                  docs.unit, merged_how([h for _, part in gathered for h in part]),
-                  kl=sums[..., 1])
+    sums = np.stack([u[2] for u in units])  # (U, V, k)
+    return Scores(labels, sums, np.array([u[3] for u in units]), docs.unit,
+                  merged_how([h for _, part in gathered for h in part]), columns)
 
 
 def doc_units(index: int, scores: torch.Tensor, unit: str) -> list:
-    """One document's per-token scores (V, 2, n) as units [(index, chunk, sums (V, 2),
+    """One document's per-token scores (V, k, n) as units [(index, chunk, sums (V, k),
     count)]."""
     sums, counts = stats.unit_sums(scores, unit)  # (u, V, 2), (u,)
     return [(index, j, s, c) for j, (s, c) in enumerate(zip(sums, counts, strict=True))]

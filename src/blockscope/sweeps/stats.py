@@ -55,31 +55,36 @@ def _perplexities(sums: np.ndarray, counts: np.ndarray, idx: np.ndarray) -> np.n
     return np.exp((weights @ sums) / (weights @ counts)[:, None])
 
 
-def frame(labels: list[dict], sums: np.ndarray, counts: np.ndarray,
-          b: Bootstrap | None, unit: str, kl: np.ndarray | None = None) -> pd.DataFrame:
+def frame(labels: list[dict], sums: dict[str, np.ndarray], counts: np.ndarray,
+          b: Bootstrap | None, unit: str) -> pd.DataFrame:
     """One row per variant (the baseline first): n_scored, nll, perplexity, delta, ratio,
-    kl, and with `b`, ci_low/ci_high and the paired delta_ci_low/delta_ci_high.
+    then each other column's mean per scored token (kl: NaN where not given), and with `b`,
+    ci_low/ci_high and the paired delta_ci_low/delta_ci_high of the perplexity.
 
-    sums: (U, V) summed NLL per unit and variant; counts: (U,) tokens scored per unit; kl:
-    (U, V) summed KL divergence from the clean distribution (absent: the column is NaN)."""
-    total, n = sums.sum(0), int(counts.sum())  # (V,)
-    nll = total / n
+    sums: the metric's columns by name, each (U, V) summed per unit and variant: "nll", the
+    NLL, and any others ("kl": the KL divergence from the clean distribution); counts: (U,)
+    tokens scored per unit."""
+    nll_sums = sums["nll"]
+    n = int(counts.sum())
+    nll = nll_sums.sum(0) / n  # (V,)
     df = pd.DataFrame([{**label, "n_scored": n, "nll": float(v), "perplexity": math.exp(v)}
                        for label, v in zip(labels, nll, strict=True)])
     df["delta"] = df["perplexity"] - df.loc[0, "perplexity"]
     df["ratio"] = df["perplexity"] / df.loc[0, "perplexity"]
-    df["kl"] = kl.sum(0) / n if kl is not None else float("nan")
+    for name, s in {"kl": None, **sums}.items():  # kl's column is there, NaN if not given
+        if name != "nll":
+            df[name] = s.sum(0) / n if s is not None else float("nan")
     record = {"unit": unit, "n_units": len(counts)}
     if b is not None and b.n > 0 and len(counts) >= 2:
         lo, hi = 50 * (1 - b.level), 50 * (1 + b.level)
-        ppl = _perplexities(sums, counts, resample(len(counts), b))  # (B, V)
+        ppl = _perplexities(nll_sums, counts, resample(len(counts), b))  # (B, V)
         df["ci_low"], df["ci_high"] = np.percentile(ppl, [lo, hi], axis=0)
         delta = ppl - ppl[:, :1]
         df["delta_ci_low"], df["delta_ci_high"] = np.percentile(delta, [lo, hi], axis=0)
         df.loc[0, ["delta_ci_low", "delta_ci_high"]] = 0.0
         record.update(bootstrap=b.n, seed=b.seed, level=b.level, method="percentile")
         if len(counts) >= 4 and len(labels) >= 4:
-            record["rank_stability"] = rank_stability(sums, counts, b.seed)
+            record["rank_stability"] = rank_stability(nll_sums, counts, b.seed)
     else:
         for c in ("ci_low", "ci_high", "delta_ci_low", "delta_ci_high"):
             df[c] = float("nan")
