@@ -77,8 +77,8 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-def hf_run(hf, tokens, hooks) -> torch.Tensor:
-    """The last position's logits (B, d_vocab) with `hooks` on: (module, "pre" or "out", fn)
+def hf_run(hf, tokens, hooks, position: int = -1) -> torch.Tensor:
+    """The logits (B, d_vocab) at `position` with `hooks` on: (module, "pre" or "out", fn)
     where fn(tensor) returns the tensor to use (a block's or projection's input for "pre",
     a module's output for "out")."""
     handles = []
@@ -100,7 +100,7 @@ def hf_run(hf, tokens, hooks) -> torch.Tensor:
             handles.append(module.register_forward_hook(post))
     try:
         with torch.no_grad():
-            return hf(tokens, use_cache=False).logits[:, -1].double()
+            return hf(tokens, use_cache=False).logits[:, position].double()
     finally:
         for h in handles:
             h.remove()

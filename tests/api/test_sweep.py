@@ -54,6 +54,7 @@ class Toward:
 @dataclass(frozen=True)
 class MeanLogProb:
     tokens: tuple
+    position: int = -1
     name = "mean_log_prob"
 
     def __call__(self, logits):
@@ -83,8 +84,9 @@ def variants(model):
                                                          (steer, half, toward))], v
 
 
-def references(model, hf, v) -> dict:
-    """Each variant's metric from the plain transformers model with hooks written here."""
+def references(model, hf, v, position: int = -1) -> dict:
+    """Each variant's metric, at `position`, from the plain transformers model with hooks
+    written here."""
     mods = hf_modules(hf)
     d_head = model.cfg.d_head
 
@@ -104,7 +106,7 @@ def references(model, hf, v) -> dict:
     hooks = {"steer": [(mods["layers"][1], "pre", steer)], "half": [(mods["o"][0], "pre", half)],
              "toward": [(mods["layers"][0], "pre", toward)]}
     hooks["all three"] = [*hooks["steer"], *hooks["half"], *hooks["toward"]]
-    return {name: mean_log_prob(hf_run(hf, TOKENS, h)) for name, h in hooks.items()}
+    return {name: mean_log_prob(hf_run(hf, TOKENS, h, position)) for name, h in hooks.items()}
 
 
 @pytest.mark.parametrize("engine", ["cached", "naive"])
@@ -129,6 +131,38 @@ def test_sweep_with_a_users_interventions_and_metric_equals_hf_hooks(pair, engin
         assert abs(row.mean_log_prob - want[row.variant]) <= tol, (row, want[row.variant])
     work = result.meta["how"]["block_positions"]
     assert work <= len(vs) * model.cfg.n_layers * TOKENS.shape[1]
+
+
+@pytest.mark.parametrize("engine", ["cached", "naive"])
+def test_a_metric_at_a_chosen_position_equals_hf_hooks(pair, engine):
+    """The metric at position 3: the steer and the head change it; "toward" edits position
+    4 alone, which the model's causality keeps from position 3 (its value is the base
+    run's), and "all three" starts at position 0 (the steer) and reads position 3."""
+    model, hf = pair
+    vs, v = variants(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bs.EngineFallback)
+        result = bs.sweep(model, vs, MeanLogProb(WORDS, position=3), base=bs.Run(TOKENS),
+                          sources={"italy": bs.Run(SOURCE)}, engine=engine)
+    assert result.meta["metric"]["position"] == 3
+    base = mean_log_prob(hf_run(hf, TOKENS, [], 3))
+    tol = 1e-5 * (1 + abs(base))
+    assert abs(result.meta["base"]["mean_log_prob"] - base) <= tol
+    assert abs(result.meta["sources"]["italy"]["mean_log_prob"]
+               - mean_log_prob(hf_run(hf, SOURCE, [], 3))) <= tol
+    assert abs(base - mean_log_prob(hf_run(hf, TOKENS, []))) > 100 * tol  # not the last's
+    want = references(model, hf, v, 3)
+    assert want["toward"] == pytest.approx(base, abs=tol)
+    for row in result.table.itertuples():
+        assert abs(row.mean_log_prob - want[row.variant]) <= tol, (row, want[row.variant])
+    same = bs.sweep(model, vs[:1], bs.TargetLogProb(WORDS[0], position=-5), base=bs.Run(TOKENS),
+                    engine=engine)  # -5 of 8 tokens is position 3
+    steer = [(hf_modules(hf)["layers"][1], "pre", lambda t: t + v)]
+    at3 = float(hf_run(hf, TOKENS, steer, 3).log_softmax(-1)[0, WORDS[0]])
+    assert abs(same.table["log_prob"][0] - at3) <= tol
+    with pytest.raises(BadValue, match="position 8 is outside the run's 8 tokens"):
+        bs.sweep(model, vs, MeanLogProb(WORDS, position=8), base=bs.Run(TOKENS),
+                 sources={"italy": bs.Run(SOURCE)}, engine=engine)
 
 
 def test_a_wrong_cached_form_falls_back_loudly_to_the_naive_loop(pair, monkeypatch):

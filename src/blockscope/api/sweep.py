@@ -10,8 +10,9 @@ intervention is any object with `apply(base, source) -> activation'` (a frozen d
 by convention): `base` is the run's own activation at the site, as the site selects it
 (`(samples, positions, ...)`), and `source` what the edit reads: a named source run's
 activation at the same site, a tensor, or None. A metric is any object with a `name` and
-`__call__(logits) -> values`, logits `(samples, d_vocab)` at the base run's last position,
-values `(samples,)` or `(samples, k)` with `columns` naming the k.
+`__call__(logits) -> values`, logits `(samples, d_vocab)` at the base run's position
+`position` (an int attribute, negative from the end; the last where it has none), values
+`(samples,)` or `(samples, k)` with `columns` naming the k.
 
 The same engine runs the commands `patch`, `trace` and `knockout` (`sweeps.interchange`):
 each variant from the first block and position it changes, the base run replayed and the
@@ -35,6 +36,7 @@ from blockscope.errors import BadValue
 from blockscope.interventions.interchange import Edit, Site, heads_at
 from blockscope.interventions.removals import ScaleHeads, ScaleNeurons
 from blockscope.sweeps.interchange import Run
+from blockscope.sweeps.metrics import position_of
 from blockscope.sweeps.variant import Variant
 
 
@@ -55,8 +57,9 @@ def sweep(model, variants: Sequence[Variant], metric, *, base: Run,
             with `tokenizer`).
         variants: `bs.Variant(label, edits)`: the label a string (the `variant` column) or
             a dict of columns; the edits `bs.Edit(bs.Site(...), intervention, source)`.
-        metric: What is read off the last position's logits: `bs.TargetLogProb(id)`,
-            `bs.TargetProb(id)`, `bs.LogitDiff(id, id)`, or a class of your own.
+        metric: What is read off one position's logits (its `position`, the last by
+            default): `bs.TargetLogProb(id)`, `bs.TargetProb(id)`, `bs.LogitDiff(id, id)`
+            (each with `position=`), or a class of your own.
         base: The run the variants edit: `bs.Run(tokens)` (a string is tokenized as the
             commands do, BOS first unless `prepend_bos` is False; or token ids (1, T)),
             with edits of its own and `samples` copies (`bs.Run(t, edits, samples=10)`).
@@ -93,6 +96,10 @@ def sweep(model, variants: Sequence[Variant], metric, *, base: Run,
                            f"base run {T}: edits read the same positions of both")
     _check_sites(model, variants, base, T)
     names = _columns(metric)
+    try:
+        position_of(metric, T)
+    except ValueError as exc:
+        raise BadValue(str(exc)) from None
     step = _stepper(progress, len(variants))
     outcome = interchange.sweep(model, base, sources, variants, metric,
                                 RunSettings(engine=engine, batch_size=batch_size,

@@ -99,6 +99,9 @@ class Estimates:
 
 def metric_of(metric, logits: torch.Tensor) -> torch.Tensor:
     """The metric's values (B,) at the last position's logits (B, d_vocab): one column."""
+    if getattr(metric, "position", -1) != -1:  # the passes unembed the last position alone
+        raise ValueError(f"attribution reads the last position's logits; this metric reads "
+                         f"position {metric.position}")
     values = metric(logits)
     if values.dim() != 1:
         raise ValueError("attribution needs a metric of one column, one value per row")

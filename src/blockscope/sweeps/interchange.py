@@ -31,6 +31,7 @@ from blockscope.interventions import hooks as edit_hooks
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
 from blockscope.sweeps.how import How, checked
+from blockscope.sweeps.metrics import position_of
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
@@ -47,8 +48,9 @@ class Run:
 
 @dataclass
 class Captured:
-    """What a run left: its final logits at the last position, each block's input (and the
-    final residual) and the hook points asked for, all (samples, ...), and each block's call."""
+    """What a run left: its final logits at one position (the last, unless asked), each
+    block's input (and the final residual) and the hook points asked for, all
+    (samples, ...), and each block's call."""
 
     logits: torch.Tensor  # (S, d_vocab)
     pre: list[torch.Tensor]  # n_layers + 1 of (S, T, d_model)
@@ -67,12 +69,12 @@ class Outcome:
 
 
 def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False,
-            last: bool = False) -> Captured:
-    """One forward of `run` (its edits on), keeping the hook points `names` (as edited) and,
-    with `blocks`, each block's input, the final residual and each block's call. With
-    `last`, the unembedding runs at the last position alone (where the model has
-    `unembed.hook_in`): the same logits to float32 rounding, a product over the vocabulary
-    the length of the prompt cheaper."""
+            last: bool = False, position: int = -1) -> Captured:
+    """One forward of `run` (its edits on), keeping the hook points `names` (as edited), the
+    logits at `position` and, with `blocks`, each block's input, the final residual and each
+    block's call. With `last`, the unembedding runs at the last position alone (where the
+    model has `unembed.hook_in`): the same logits to float32 rounding, a product over the
+    vocabulary the length of the prompt cheaper."""
     n = model.cfg.n_layers
     pre: list = [None] * (n + 1)
     acts: dict[str, torch.Tensor] = {}
@@ -102,12 +104,12 @@ def capture(model, run: Run, names: Sequence[str] = (), *, blocks: bool = False,
 
         handles = [b.register_forward_pre_hook(record(i), with_kwargs=True)
                    for i, b in enumerate(model.blocks)]
-    if last and "unembed.hook_in" in model.hook_dict:
+    if last and position == -1 and "unembed.hook_in" in model.hook_dict:
         hooks.append(("unembed.hook_in", lambda act, hook=None: act[:, -1:]))
     tokens = run.tokens.to(model.cfg.device).expand(run.samples, -1)  # (S, T)
     try:
         with torch.inference_mode(), applied(model, hooks):
-            logits = model(tokens, return_type="logits")[:, -1]  # (S, d_vocab)
+            logits = model(tokens, return_type="logits")[:, position]  # (S, d_vocab)
     finally:
         for h in handles:
             h.remove()
@@ -118,19 +120,21 @@ def naive(model, base: Run, variants: Sequence[Variant], sources: dict, metric,
           progress: Callable | None = None) -> list[torch.Tensor]:
     """Each variant's metric (S,): one hooked forward of the base run per variant."""
     out = []
+    position = position_of(metric, base.tokens.shape[-1])
     for v in variants:
-        out.append(metric(variant_logits(model, base, v, sources)).cpu())
+        out.append(metric(variant_logits(model, base, v, sources, position)).cpu())
         if progress:
             progress()
     return out
 
 
-def variant_logits(model, base: Run, v: Variant, sources: dict) -> torch.Tensor:
-    """The last position's logits (S, d_vocab) of the base run with `v`'s edits on."""
+def variant_logits(model, base: Run, v: Variant, sources: dict,
+                   position: int = -1) -> torch.Tensor:
+    """The logits (S, d_vocab) at `position` of the base run with `v`'s edits on."""
     tokens = base.tokens.to(model.cfg.device).expand(base.samples, -1)
     hooks = Variant(v.label, (*base.edits, *v.edits), v.order).hooks(base.samples, sources)
     with torch.inference_mode(), applied(model, hooks):
-        return model(tokens, return_type="logits")[:, -1].float()
+        return model(tokens, return_type="logits")[:, position].float()
 
 
 def source_names(variants: Sequence[Variant]) -> dict[str, set[str]]:
@@ -155,8 +159,11 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     unknown = sorted(set(need) - set(sources) - {"base"})
     if unknown:
         raise ValueError(f"edits read from runs not given: {', '.join(unknown)}")
-    held = {name: capture(model, run, sorted(need.get(name, ()))) for name, run in sources.items()}
-    kept = capture(model, base, sorted(need.get("base", ())), blocks=engine == "cached")
+    position = position_of(metric, base.tokens.shape[-1])  # the one the metric reads
+    held = {name: capture(model, run, sorted(need.get(name, ())), position=position)
+            for name, run in sources.items()}
+    kept = capture(model, base, sorted(need.get("base", ())), blocks=engine == "cached",
+                   position=position)
     acts = {name: c.acts for name, c in held.items()} | {"base": kept.acts}
     if progress:
         progress(total=len(variants))
@@ -166,7 +173,8 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     if engine == "cached":
         values, how = checked(lambda: resume.cached(
             model, base, kept, variants, acts, metric,
-            lambda v: variant_logits(model, base, v, acts), batch_size=settings.batch_size,
+            lambda v: variant_logits(model, base, v, acts, position),
+            batch_size=settings.batch_size,
             progress=progress), run_naive)
     else:
         values, how = run_naive(), How("naive").record()

@@ -10,8 +10,9 @@ by the cached engines, and off the model's own logits by the naive loops.
 - `TargetProb`: P(target), ROME's and Geva et al.'s;
 - `LogitDiff`: logit(target) - logit(contrast), the IOI-style patching metric.
 
-The last three are read from the last position's logits (`__call__(logits)`), which the
-naive loop takes from the model's own forward. A new metric is one class.
+The last three are read from one position's logits (`__call__(logits)`): `position`, the
+last (-1) unless the metric says otherwise; the naive loop takes them from the model's own
+forward. A new metric is one class.
 """
 
 from __future__ import annotations
@@ -66,19 +67,31 @@ class NllKl:
         return torch.stack([nll, kl], 1).double().cpu()
 
 
-class LastLogits:
-    """A metric of the last position's logits: read off final residuals through the final
-    norm and unembedding."""
+def position_of(metric, T: int) -> int:
+    """The position 0..T-1 whose logits `metric` reads: its `position` (negative counts from
+    the end, as Python's indices do), the last where it names none."""
+    p = getattr(metric, "position", -1)
+    if isinstance(p, bool) or not isinstance(p, int) or not -T <= p < T:
+        raise ValueError(f"the metric's position {p!r} is outside the run's {T} tokens "
+                         f"(0..{T - 1}, or -{T}..-1 from the end)")
+    return p % T
+
+
+class AtPosition:
+    """A metric of one position's logits (`position`, the last by default): read off final
+    residuals through the final norm and unembedding."""
 
     def from_final(self, model, x: torch.Tensor) -> torch.Tensor:
-        return self(model.unembed(model.ln_final(x[:, -1:]))[:, 0].float())
+        p = position_of(self, x.shape[1])
+        return self(model.unembed(model.ln_final(x[:, p : p + 1]))[:, 0].float())
 
 
 @dataclass(frozen=True)
-class TargetLogProb(LastLogits):
-    """log P(target) at the last position (column `log_prob`): `target` a token id."""
+class TargetLogProb(AtPosition):
+    """log P(target) at `position` (column `log_prob`): `target` a token id."""
 
     target: int
+    position: int = -1
     name = "log_prob"
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -87,10 +100,11 @@ class TargetLogProb(LastLogits):
 
 
 @dataclass(frozen=True)
-class TargetProb(LastLogits):
-    """P(target) at the last position (column `p_target`): `target` a token id."""
+class TargetProb(AtPosition):
+    """P(target) at `position` (column `p_target`): `target` a token id."""
 
     target: int
+    position: int = -1
     name = "p_target"
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -99,12 +113,13 @@ class TargetProb(LastLogits):
 
 
 @dataclass(frozen=True)
-class LogitDiff(LastLogits):
-    """logit(target) - logit(contrast) at the last position (column `logit_diff`): two
-    token ids."""
+class LogitDiff(AtPosition):
+    """logit(target) - logit(contrast) at `position` (column `logit_diff`): two token
+    ids."""
 
     target: int
     contrast: int
+    position: int = -1
     name = "logit_diff"
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The position-limited resume: each variant from the first block and position it changes.
 
 A variant whose edits start at block l (its `stage`: a block's output is the next block's
-input) and position p runs blocks l.. at positions p.. only, in plain torch calls
+input) and position p (or the metric's position, where that comes first) runs blocks l.. at
+positions p.. only, in plain torch calls
 (`replay`, `replay_rotary`), attending to the base run's own keys and values at the
 positions before p (the model is causal: nothing there changed). Variants of one start
 position share a batch that grows block by block as they join it, through the one resume
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from blockscope.interventions import Site
 from blockscope.sweeps import engine, loop, replay, selfcheck, steps, unembed
 from blockscope.sweeps.how import Fallback, How, fell_back, not_tried
+from blockscope.sweeps.metrics import position_of
 from blockscope.sweeps.variant import Variant
 
 INSIDE = ("hook_resid_pre", "attn.hook_attn_scores", "attn.hook_z", "hook_attn_out",
@@ -88,7 +90,8 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
     why = unsupported(model, plain, variants)
     if why is not None:
         raise Fallback(How("naive", why_naive=not_tried(why)))
-    r = Resume(model, plain, kept, sources, base.samples)
+    T = kept.pre[0].shape[1]
+    r = Resume(model, plain, kept, sources, base.samples, position_of(metric, T))
     tol = 10 * selfcheck.tolerance(kept.pre[0].dtype)
     with torch.inference_mode(), steps.fused_gelu(model):
         off = selfcheck._rel(r.replayed(), kept.pre[-1])
@@ -99,7 +102,7 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
             firsts.setdefault(kind(v), i)
         out: list = [None] * len(variants)
         work = 0
-        for group in _groups(variants, r.max_rows(variants, batch_size)):
+        for group in _groups(variants, r.start, r.max_rows(variants, batch_size)):
             logits, rows = r.run([variants[i] for i in group])
             for i, idx in zip(group, rows, strict=True):
                 lg = logits[idx]  # (S, d_vocab): a view
@@ -112,7 +115,7 @@ def cached(model, base, kept, variants: Sequence[Variant], sources: dict, metric
                 if progress:
                     progress()
             work += sum(r.work(variants[i]) for i in group)
-    T, n = kept.pre[0].shape[1], len(plain)
+    n = len(plain)
     return out, How("cached", batch_size=r.max_rows(variants, batch_size), block_positions=work,
                     naive_block_positions=len(variants) * base.samples * n * T).record()
 
@@ -121,21 +124,23 @@ def _fallback(why: str) -> Fallback:
     return Fallback(How("naive", fallback=fell_back(why)))
 
 
-def _groups(variants: Sequence[Variant], size: int) -> list[list[int]]:
-    """Variants of one start position together, in batches of at most `size`."""
+def _groups(variants: Sequence[Variant], start: Callable[[Variant], int],
+            size: int) -> list[list[int]]:
+    """Variants of one start position (`start(v)`) together, in batches of at most `size`."""
     by: dict[int, list[int]] = {}
     for i, v in enumerate(variants):
-        by.setdefault(entry(v)[1], []).append(i)
+        by.setdefault(start(v), []).append(i)
     return [idx[k : k + size] for _, idx in sorted(by.items()) for k in range(0, len(idx), size)]
 
 
 class Resume:
     """The base run kept (block inputs, keys and values) and its replay from any block and
-    position, with variants' edits carried out as the stream goes by."""
+    position, with variants' edits carried out as the stream goes by, to the logits at
+    `position` (0..T-1: the metric's)."""
 
-    def __init__(self, model, plain: list, kept, sources: dict, samples: int):
+    def __init__(self, model, plain: list, kept, sources: dict, samples: int, position: int):
         self.model, self.plain, self.kept = model, plain, kept
-        self.sources, self.samples = sources, samples
+        self.sources, self.samples, self.position = sources, samples, position
         self.args = kept.block_args
         self._logits = self._zero_bias = None  # `last_logits`'s buffer, and its bias
         for p in plain:  # this sweep's own Parts: q/k/v and gate/up as one product each
@@ -154,10 +159,17 @@ class Resume:
         per_row = engine.row_bytes(cfg, T) + 4 * cfg.d_vocab
         return max(1, min(256, engine.BUDGET_BYTES // max(1, per_row * self.samples)))
 
+    def start(self, v: Variant) -> int:
+        """The first position the variant's replay computes: the first it changes, or the
+        metric's position if that comes before (the metric reads it as the variant left
+        it, and the variant leaves the positions before its first change as they were)."""
+        return min(entry(v)[1], self.position)
+
     def work(self, v: Variant) -> int:
         """Block-positions the variant runs: samples x blocks x positions."""
-        layer, p = entry(v)
-        return self.samples * (len(self.plain) - layer) * (self.kept.pre[0].shape[1] - p)
+        layer = entry(v)[0]
+        return self.samples * (len(self.plain) - layer) * (self.kept.pre[0].shape[1]
+                                                          - self.start(v))
 
     def replayed(self) -> torch.Tensor:
         """The base run replayed from the embeddings: its final residual (S, T, d_model)."""
@@ -175,13 +187,13 @@ class Resume:
         return x
 
     def run(self, variants: Sequence[Variant]) -> tuple[torch.Tensor, list]:
-        """The last position's logits (B, d_vocab) of every row (in a buffer the next call
+        """The logits (B, d_vocab) at `position` of every row (in a buffer the next call
         overwrites: `last_logits`), and each variant's rows (a slice: its S samples,
         consecutive as they join), for variants of one start position, through the one
         resume loop (`loop.resume`): rows (variant, sample) join at the variant's first
         changed block, from the base run's input to it at positions start..; its edits are
         written by the blocks as the stream goes by."""
-        start = entry(variants[0])[1]
+        start = self.start(variants[0])
         firsts = [entry(v)[0] for v in variants]
         todo: dict = {}  # (block step, point) -> [(edit, its variant's first row)]
         reads: dict = {}  # (block step, point) -> name: the sites edits read in their run
@@ -221,7 +233,8 @@ class Resume:
         n = len(self.plain)
         x, _ = loop.resume(n, min(firsts), entering, step)
         x = edits(n)("hook_resid_post", x)  # the last block's output
-        final = x[:, -1:]  # (B, 1, d_model): the metric reads the last position
+        at = self.position - start
+        final = x[:, at : at + 1]  # (B, 1, d_model): the position the metric reads
         return self.last_logits(self.model.ln_final(final)[:, 0]), rows
 
     def last_logits(self, h: torch.Tensor) -> torch.Tensor:
