@@ -169,3 +169,65 @@ def test_a_removal_sweep_runs_a_users_edit_as_plain_transformers_does(tiny, hf, 
     assert (want - float(df["nll"].iloc[0])).abs().min() > 1e-2  # each edit is seen
     for engine in ("naive", "cached"):
         assert torch.allclose(got[engine], want, rtol=REL, atol=0), (engine, got, want)
+
+
+def test_the_one_orchestrator_runs_cached_then_naive_saying_why():
+    """`Engine.run`: the cached path's numbers where it holds; the naive loop's, the record
+    saying why, where it raises `Fallback` (the check failed, or it cannot run); the naive
+    loop alone, the cached path never called, where the naive engine is asked for."""
+    from blockscope.sweeps.how import Engine, Fallback, How, fell_back, not_tried
+
+    def failing(how):
+        def cached():
+            raise Fallback(how)
+
+        return cached
+
+    seen = []
+
+    def naive(how):
+        seen.append(how)
+        return "naive numbers"
+
+    assert Engine().run(lambda: ("cached numbers", {"engine": "cached"}), naive) == (
+        "cached numbers", {"engine": "cached"})
+    assert not seen
+    got, how = Engine("cached", How("naive", "bridge", 1)).run(
+        failing(How(fallback=fell_back("variant x is 1e-2 off"))), naive)
+    assert got == "naive numbers" and how == {
+        "engine": "naive", "replay": "bridge", "batch_size": 1,
+        "fallback": "the cached engine's self-check failed: variant x is 1e-2 off; every "
+                    "variant was run by the naive loop"}
+    assert seen[-1].fallback == how["fallback"]
+    _, how = Engine().run(failing(How(why_naive=not_tried("an edit at hook_embed"))), naive)
+    assert how == {"engine": "naive", "why_naive": "the cached engine cannot run an edit at "
+                   "hook_embed; every variant was run by the naive loop"}
+
+    def never():
+        raise AssertionError("the cached path ran")
+
+    assert Engine("naive").run(never, naive) == ("naive numbers", {"engine": "naive"})
+    with pytest.raises(ValueError, match="'cached' or 'naive'"):
+        Engine("fast")
+
+
+def test_a_sweeps_table_has_the_metrics_columns():
+    """`Scores` names its sums by the metric's columns: perplexity from `nll`, every other
+    column its mean per scored token, `kl` NaN where the metric has none."""
+    import numpy as np
+
+    from blockscope.sweeps.scoring import Scores
+
+    rng = np.random.default_rng(0)
+    sums = rng.uniform(1, 2, size=(3, 2, 3))  # 3 units, baseline and one variant, 3 columns
+    counts = np.array([4, 5, 6])
+    df = Scores([{"variant": "baseline"}, {"variant": "ablated"}], sums, counts, "chunk", {},
+                ("nll", "kl", "entropy")).frame()
+    assert list(df.columns[:8]) == ["variant", "n_scored", "nll", "perplexity", "delta",
+                                    "ratio", "kl", "entropy"]
+    assert df["nll"].tolist() == pytest.approx(sums[..., 0].sum(0) / 15, rel=1e-15)
+    assert df["perplexity"].tolist() == pytest.approx(np.exp(sums[..., 0].sum(0) / 15))
+    assert df["entropy"].tolist() == pytest.approx(sums[..., 2].sum(0) / 15, rel=1e-15)
+    only = Scores([{"variant": "baseline"}, {"variant": "ablated"}],
+                  sums[..., :1], counts, "chunk", {}, ("nll",)).frame()
+    assert only["kl"].isna().all() and only["nll"].tolist() == df["nll"].tolist()

@@ -5,7 +5,7 @@ The second way through the stack beside `scoring.scores`: the plain replay with 
 applied to each head's z (`interventions.ScaleHeads.apply`), once
 `selfcheck.gradient_replay` has held it to the hooked model on each window; otherwise
 (said in `how["why_naive"]`), and on any mismatch (said in `how["fallback"]`), the hooked
-bridge, each window through the one orchestration (`how.checked`). Each window's KL from the
+bridge, each window through the one orchestrator (`how.Engine.run`). Each window's KL from the
 clean distribution is read off the same pass's final residual (`unembed.final_nll` with the
 clean pass's `Reference`; a clean pass of the window is run for it where none is cached).
 """
@@ -19,7 +19,7 @@ from blockscope.inputs.parallel import total
 from blockscope.interventions import applied, mask_heads
 from blockscope.model import arch
 from blockscope.sweeps import clean, replay, scoring, selfcheck, unembed
-from blockscope.sweeps.how import Fallback, How, checked, fell_back, not_tried
+from blockscope.sweeps.how import Engine, Fallback, How, fell_back, not_tried
 from blockscope.sweeps.naive import model_windows, window_nll
 from blockscope.sweeps.steps import fused_gelu
 
@@ -87,7 +87,7 @@ def _window(model, lay, ids: torch.Tensor, w, c: clean.Clean | None, mask: torch
     of window `w` with each head's z scaled by `mask`: by the plain replay of its clean pass
     `c` once `selfcheck.gradient_replay` has held it to the hooked model, else (no clean
     pass held, no plain replay, or a mismatch, said in `how`) through the hooked bridge
-    (`how.checked`, the one orchestration)."""
+    (`how.Engine.run`, the one orchestrator)."""
     final: list[torch.Tensor] = []  # what ln_final received, pass by pass (a torch
     # pre-hook, not a hook point: the replay runs only unhooked)
     handle = model.ln_final.register_forward_pre_hook(
@@ -125,7 +125,7 @@ def _window(model, lay, ids: torch.Tensor, w, c: clean.Clean | None, mask: torch
         return nll, grad, final[-1]
 
     try:
-        return checked(replayed, bridged, How("naive", "bridge", 1))
+        return Engine("cached", How("naive", "bridge", 1)).run(replayed, bridged)
     finally:
         handle.remove()
 

@@ -1,14 +1,14 @@
 """How a sweep ran, one record for every sweep (removal, decompose, interchange, the head-mask
 gradient): which engine computed the numbers, how, and why it fell back if it did. The
 sidecar's engine fields and each table's `attrs` are its `record()`. And the one
-orchestration (`checked`): the cached path with its self-check, else the naive loop, saying
-why.
+orchestrator (`Engine.run`): the cached path with its self-check, else the naive loop,
+saying why; or the naive loop alone, where it is asked for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -54,19 +54,35 @@ class Fallback(Exception):
         self.how = how
 
 
-def checked(cached: Callable[[], tuple[T, dict]], naive: Callable[[How], T],
-            naive_how: How | None = None) -> tuple[T, dict]:
-    """A sweep's numbers and how they ran (`How.record()`), orchestrated once for every
-    sweep: `cached()` (the cached path, its self-check inside: it raises `Fallback`, or the
-    replay's `steps.ReplayMismatch`, where the check fails or it cannot run), else
-    `naive(how)`, `naive_how` with why."""
-    from blockscope.sweeps.steps import ReplayMismatch
+@dataclass(frozen=True)
+class Engine:
+    """The one orchestrator of every sweep (removal, decompose, interchange, the head-mask
+    gradient's windows): `name` the engine asked for, "cached" or "naive"; `naive_how` how
+    the naive loop runs, as its record says."""
 
-    naive_how = naive_how or How("naive")
-    try:
-        return cached()
-    except ReplayMismatch as exc:
-        how = replace(naive_how, fallback=fell_back(str(exc)))
-    except Fallback as exc:
-        how = replace(naive_how, fallback=exc.how.fallback, why_naive=exc.how.why_naive)
-    return naive(how), how.record()
+    name: str = "cached"
+    naive_how: How = field(default_factory=lambda: How("naive"))
+
+    def __post_init__(self):
+        if self.name not in ("cached", "naive"):
+            raise ValueError(f"the engine is 'cached' or 'naive', not {self.name!r}")
+
+    def run(self, cached: Callable[[], tuple[T, dict]], naive: Callable[[How], T]
+            ) -> tuple[T, dict]:
+        """A sweep's numbers and how they ran (`How.record()`): `cached()` (the cached path,
+        its self-check inside: it raises `Fallback`, or the replay's `steps.ReplayMismatch`,
+        where the check fails or it cannot run), else `naive(how)`, `how` saying why (its
+        `fallback`, or `why_naive`); with the naive engine asked for, `naive(naive_how)`
+        alone."""
+        from blockscope.sweeps.steps import ReplayMismatch
+
+        if self.name == "naive":
+            return naive(self.naive_how), self.naive_how.record()
+        try:
+            return cached()
+        except ReplayMismatch as exc:
+            how = replace(self.naive_how, fallback=fell_back(str(exc)))
+        except Fallback as exc:
+            how = replace(self.naive_how, fallback=exc.how.fallback,
+                          why_naive=exc.how.why_naive)
+        return naive(how), how.record()

@@ -30,7 +30,7 @@ from blockscope.interventions import applied
 from blockscope.interventions import hooks as edit_hooks
 from blockscope.interventions.interchange import Edit
 from blockscope.model import adapters
-from blockscope.sweeps.how import How, checked
+from blockscope.sweeps.how import Engine
 from blockscope.sweeps.metrics import position_of
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
@@ -167,17 +167,11 @@ def sweep(model, base: Run, sources: dict[str, Run], variants: Sequence[Variant]
     acts = {name: c.acts for name, c in held.items()} | {"base": kept.acts}
     if progress:
         progress(total=len(variants))
-    def run_naive(how=None):
-        return naive(model, base, variants, acts, metric, progress)
-
-    if engine == "cached":
-        values, how = checked(lambda: resume.cached(
-            model, base, kept, variants, acts, metric,
-            lambda v: variant_logits(model, base, v, acts, position),
-            batch_size=settings.batch_size,
-            progress=progress), run_naive)
-    else:
-        values, how = run_naive(), How("naive").record()
+    values, how = Engine(engine).run(
+        lambda: resume.cached(model, base, kept, variants, acts, metric,
+                              lambda v: variant_logits(model, base, v, acts, position),
+                              batch_size=settings.batch_size, progress=progress),
+        lambda how: naive(model, base, variants, acts, metric, progress))
     return Outcome(np.stack([v.numpy() for v in values]) if values else
                   np.zeros((0, base.samples)),
                   metric(kept.logits).cpu().numpy(),

@@ -23,7 +23,7 @@ from blockscope.interventions import resample
 from blockscope.model import arch
 from blockscope.sweeps import clean, engine, selfcheck, stats
 from blockscope.sweeps.entries import shared_skips, start
-from blockscope.sweeps.how import How, checked
+from blockscope.sweeps.how import Engine, How
 from blockscope.sweeps.metrics import NllKl
 from blockscope.sweeps.naive import (
     activations,
@@ -289,9 +289,9 @@ def _score(model, ids, wins, variants, starts, prepared: Prepared, settings: Run
 
     # on a fallback the baseline too: the clean passes scored it through the replayed
     # unembedding
-    return checked(cached, lambda how: naive_nlls(model, ids, variants, wins=wins,
-                                                  metric=NllKl(), progress=progress),
-                   How("naive", "naive", 1))
+    return Engine("cached", How("naive", "naive", 1)).run(
+        cached, lambda how: naive_nlls(model, ids, variants, wins=wins, metric=NllKl(),
+                                       progress=progress))
 
 
 def _reference(model, ids, wins) -> list[clean.Clean]:

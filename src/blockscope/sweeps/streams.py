@@ -35,7 +35,7 @@ from blockscope.model import arch
 from blockscope.sweeps import engine, selfcheck, steps
 from blockscope.sweeps.clean import Clean, clean_pass, kept_names
 from blockscope.sweeps.entries import start
-from blockscope.sweeps.how import Fallback, How, checked, fell_back, not_tried
+from blockscope.sweeps.how import Engine, Fallback, How, fell_back, not_tried
 from blockscope.sweeps.variant import Variant
 
 KINDS = ("block", "half", "mlp", "attn")  # the entries a single removal takes
@@ -69,14 +69,12 @@ def reads(model, ids: torch.Tensor, w, variants: Sequence[Variant],
     def made(h):
         return reader(h, rows, targets)
 
-    if engine_name == "cached":  # a fallback's naive reads are not counted again
-        got, how = checked(lambda: (_cached(model, ids, w, chunk, targets, variants, made,
-                                            clean, batch_size, progress), How().record()),
-                           lambda how: _naive(model, chunk, targets, variants, made,
-                                              progress=progress if how.why_naive else None))
-        return (*got, how)
-    return (*_naive(model, chunk, targets, variants, made, progress=progress),
-            How("naive").record())
+    got, how = Engine(engine_name).run(
+        lambda: (_cached(model, ids, w, chunk, targets, variants, made, clean, batch_size,
+                         progress), How().record()),
+        lambda how: _naive(model, chunk, targets, variants, made,  # a fallback's reads are
+                           progress=None if how.fallback else progress))  # not counted again
+    return (*got, how)
 
 
 def _site(e) -> str | None:
