@@ -131,15 +131,14 @@ def _forward(model, chunk, edits, sites: Sequence[str]) -> dict:
 
 
 def _read(r: Reader, run: dict, targets) -> dict:
+    """The reads of a run (its stream, and the metric `Readings`: from the model's own logits
+    where the run kept them, else from its final residual)."""
+    metric = Readings(r, targets)
     with torch.inference_mode():
         stream = torch.stack(run["stream"])  # (n + 1, T, d_model)
-        got = {"stream": r(stream), "final": r.final(stream[-1])}
-        if run.get("logits") is not None:  # the model's own logits at the scored positions
-            z = run["logits"][r.rows].double()  # (n_scored, d_vocab)
-            got["logit"] = z.gather(-1, targets[:, None])[:, 0] - z.mean(-1)
-        else:
-            got["logit"] = got["final"] + r.offset
-        return got
+        got = metric.of_logits(stream[-1], run["logits"]) if run.get("logits") is not None \
+            else metric.of_final(stream[-1])
+        return {"stream": r(stream), **got}
 
 
 def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
@@ -161,7 +160,8 @@ def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
     kept = {"stream": [p[0] for p in clean.pre], "acts": {s: clean.acts[s][0] for s in sites}}
     with torch.inference_mode():
         base = _read(r, kept, targets)
-        out = _resumed(model, lay, clean, starts, r, base, plain, batch_size, progress)
+        out = _resumed(model, lay, clean, starts, Readings(r, targets), base, plain,
+                       batch_size, progress)
     firsts: dict = {}
     for i, s in enumerate(starts):
         firsts.setdefault(s.kind, i)
@@ -179,10 +179,12 @@ def _cached(model, ids, w, chunk, targets, variants, reader, clean, batch_size,
     return base, out
 
 
-def _resumed(model, lay, clean: Clean, starts, r: Reader, base: dict, plain,
+def _resumed(model, lay, clean: Clean, starts, metric: Readings, base: dict, plain,
              batch_size: int | None, progress=None) -> list[dict]:
-    """Each variant's reads, batched through the engine's loop from where it departs
-    (`progress()` once per variant, as its batch finishes)."""
+    """Each variant's reads, batched through the engine's loop from where it departs, the
+    stream read by the metric's reader as it goes by (`progress()` once per variant, as its
+    batch finishes)."""
+    r = metric.r
     size = 1 if plain is None else (  # through the bridge's blocks: one at a time
         batch_size or engine.default_batch_size(model, clean.pre[0].shape[1], True))
     out: list = [None] * len(starts)
@@ -203,7 +205,7 @@ def _resumed(model, lay, clean: Clean, starts, r: Reader, base: dict, plain,
                 streams[group[i]][1][j + 1] = value
 
         entries = [(starts[i].layer, starts[i].mid, streams[i][0]) for i in group]
-        scored = engine.run_group(model, lay, clean, entries, plain, metric=Readings(r),
+        scored = engine.run_group(model, lay, clean, entries, plain, metric=metric,
                                   watch=watch)
         for k, i in enumerate(group):
             out[i] = {"stream": streams[i][1], "change": streams[i][2], **scored[k]}
@@ -213,14 +215,27 @@ def _resumed(model, lay, clean: Clean, starts, r: Reader, base: dict, plain,
 
 
 class Readings:
-    """The reads' metric of final residuals: the reader's `final` and the centred logit,
-    linear in the final norm's output (`Reader.offset`)."""
+    """`--decompose`'s metric of a run, read by both loops: the reader's `final` (n_scored,)
+    and the correct token's centred logit (n_scored,), off the final residual by the cached
+    engine (`from_final`: the logit is linear in the final norm's output, `Reader.offset`),
+    and off the model's own logits by the naive loop (`of_logits`)."""
 
-    def __init__(self, r: Reader):
-        self.r = r
+    def __init__(self, r: Reader, targets: torch.Tensor):
+        self.r, self.targets = r, targets  # targets (n_scored,): the scored tokens
+
+    def of_final(self, x: torch.Tensor) -> dict:
+        """The readings of one final residual x (T, d_model)."""
+        f = self.r.final(x)
+        return {"final": f, "logit": f + self.r.offset}
+
+    def of_logits(self, x: torch.Tensor, logits: torch.Tensor) -> dict:
+        """The readings of one final residual x (T, d_model), the centred logit from the
+        model's own logits (T, d_vocab) at the scored positions."""
+        z = logits[self.r.rows].double()  # (n_scored, d_vocab)
+        return {"final": self.r.final(x),
+                "logit": z.gather(-1, self.targets[:, None])[:, 0] - z.mean(-1)}
 
     def from_final(self, model, x: torch.Tensor) -> list[dict]:
         """One dict per row of x (B, T, d_model)."""
-        finals = [self.r.final(x[b]) for b in range(x.shape[0])]
-        return [{"final": f, "logit": f + self.r.offset} for f in finals]
+        return [self.of_final(x[b]) for b in range(x.shape[0])]
 
