@@ -202,7 +202,8 @@ def attn_write(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
     """attention(norm(x)) for x (B, T, d_model), as nanoGPT writes it, once for every family:
     norm, project, attend, heads out. Each head's z is scaled by `keep` (n_heads,) if given,
     and the heads it sets to 0 are left out (`kept_heads`). `p` gives the family's norm,
-    projection (`kept_qkv`, rotary included) and attention (`attend`: the recorded mask);
+    projection (`kept_qkv`, rotary included), attention (`attend`: the recorded mask) and
+    output `o`: a family's `Parts`, or the position-limited resume's (`resume.OverKept`);
     `ctx` is the block's recorded call."""
     idx, rows = kept_heads(keep, p.head_width)
     q, k, v = p.kept_qkv(p.attn_norm(x), ctx, idx, rows)  # (B, k, T, d_head) each
