@@ -42,6 +42,19 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class Sized:
+    """An intervention that checks itself against the model's config (`check(cfg)`)."""
+
+    n: int
+
+    def apply(self, base, source):
+        return base + torch.ones(self.n)
+
+    def check(self, cfg):
+        return None if self.n == cfg.d_model else f"the vector has {self.n} values"
+
+
+@dataclass(frozen=True)
 class Toward:
     """base + share * (source - base): part of the way to the source run's value."""
 
@@ -210,6 +223,8 @@ def test_sweep_refuses_what_it_cannot_run(tiny):
          "scale_heads' keep is (3,); the model has 4 heads"),
         ([bs.Variant("x", [bs.scale_neurons(1, torch.tensor([2, tiny.cfg.d_mlp]))])], {},
          f"neurons must be within 0..{tiny.cfg.d_mlp - 1}"),
+        ([bs.Variant("x", [bs.Edit(bs.Site("hook_resid_pre", 1), Sized(tiny.cfg.d_model + 1))])],
+         {}, f"variant {{'variant': 'x'}}: the vector has {tiny.cfg.d_model + 1} values"),
         ([bs.Variant("x", [Scale(0.5)])], {}, "edits here are bs.Edit"),
         ([bs.Variant("x", [bs.Edit(bs.Site("hook_resid_pre", 1), object())])], {},
          "has no apply"),

@@ -34,7 +34,6 @@ import torch
 from blockscope.api.result import MAIN, Result
 from blockscope.errors import BadValue
 from blockscope.interventions.interchange import Edit, Site, heads_at
-from blockscope.interventions.removals import ScaleHeads, ScaleNeurons
 from blockscope.sweeps.interchange import Run
 from blockscope.sweeps.metrics import position_of
 from blockscope.sweeps.variant import Variant
@@ -166,20 +165,16 @@ def _tokens(model, run: Run, name: str, prepend_bos: bool) -> Run:
 
 
 def _check_sites(model, variants: Sequence[Variant], base: Run, T: int) -> None:
-    """Every edit within the model: its layer, positions and head, and a built-in removal's
-    heads or neurons."""
+    """Every edit within the model: its layer, positions and head, and what an intervention
+    with a `check(cfg)` says of itself (a built-in removal's heads or neurons)."""
     cfg = model.cfg
     for v in variants:
         edits = (*base.edits, *v.edits)
         for e in edits:
-            i, where = e.intervention, f"variant {v.label}"
-            if isinstance(i, ScaleHeads) and tuple(i.keep.shape) != (cfg.n_heads,):
-                raise BadValue(f"{where}: scale_heads' keep is {tuple(i.keep.shape)}; the "
-                               f"model has {cfg.n_heads} heads")
-            if isinstance(i, ScaleNeurons) and i.neurons.numel() and not (
-                    0 <= int(i.neurons.min()) and int(i.neurons.max()) < cfg.d_mlp):
-                raise BadValue(f"{where}: scale_neurons' neurons must be within "
-                               f"0..{cfg.d_mlp - 1}")
+            check = getattr(e.intervention, "check", None)
+            wrong = check(cfg) if callable(check) else None
+            if wrong:
+                raise BadValue(f"variant {v.label}: {wrong}")
         for s in [e.site for e in edits] + [e.source for e in edits if isinstance(e.source, Site)]:
             where = f"variant {v.label}: site {s.name}"
             if s.layer is not None and not 0 <= s.layer < cfg.n_layers:

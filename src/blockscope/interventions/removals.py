@@ -94,6 +94,13 @@ class ScaleHeads(Value):
             return out
         return out + (1 - k) * _at_positions(source, base.shape[-3], 2).to(base.dtype)
 
+    def check(self, cfg) -> str | None:
+        """What is wrong with these heads for a model of config `cfg`, or None."""
+        if tuple(self.keep.shape) != (cfg.n_heads,):
+            return (f"scale_heads' keep is {tuple(self.keep.shape)}; the model has "
+                    f"{cfg.n_heads} heads")
+        return None
+
 
 @dataclass(frozen=True, eq=False)
 class ScaleNeurons(Value):
@@ -112,6 +119,13 @@ class ScaleNeurons(Value):
         idx = self.neurons.to(base.device)
         out[..., idx] = 0 if source is None else source.to(base.dtype).to(base.device)
         return out
+
+    def check(self, cfg) -> str | None:
+        """What is wrong with these neurons for a model of config `cfg`, or None."""
+        n = self.neurons
+        if n.numel() and not (0 <= int(n.min()) and int(n.max()) < cfg.d_mlp):
+            return f"scale_neurons' neurons must be within 0..{cfg.d_mlp - 1}"
+        return None
 
 
 def skip_block(layer: int, fill: torch.Tensor | None = None) -> Edit:
