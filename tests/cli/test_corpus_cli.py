@@ -151,7 +151,7 @@ def test_torchrun_prune_heads_equals_one_process(tiny_dir, tmp_path, corpus):
     rank computes each document as one process does (the same code path, chosen by the
     corpus, not by the rank's share), and the per-document parts are added in corpus order
     in float64 (`parallel.total`), so no rounding can differ (torchrun is tested here once:
-    ablate's ranks join through the same scoring.gather_units and parallel.total); rank 0
+    ablate's ranks join through the same units.gather_units and parallel.total); rank 0
     alone writes."""
     args = ["--dataset", corpus, "--model", tiny_dir, "--n-docs", 3, "--step", 4,
             "--bootstrap", 50, "--no-plot", "-q"]

@@ -216,7 +216,7 @@ def test_a_sweeps_table_has_the_metrics_columns():
     column its mean per scored token, `kl` NaN where the metric has none."""
     import numpy as np
 
-    from blockscope.sweeps.scoring import Scores
+    from blockscope.sweeps.units import Scores
 
     rng = np.random.default_rng(0)
     sums = rng.uniform(1, 2, size=(3, 2, 3))  # 3 units, baseline and one variant, 3 columns

@@ -28,7 +28,7 @@ from blockscope.errors import BadValue, BlockscopeError
 from blockscope.experiments.similarity import BlockSimilarity
 from blockscope.inputs.corpus import as_docs
 from blockscope.interventions import skip_block
-from blockscope.sweeps import scoring
+from blockscope.sweeps import scoring, units
 from blockscope.sweeps.settings import RunSettings
 from blockscope.sweeps.variant import Variant
 
@@ -198,7 +198,7 @@ def _curve(order, base, steps, scores, per, total, ci) -> pd.DataFrame:
                      "share_params": sum(per[i] for i in blocks) / total,
                      **pair.frame(ci).iloc[1][ROW].to_dict()})
     df = pd.DataFrame(rows)[COLUMNS]
-    df.attrs["engine"] = scoring.merged_how(hows)  # every replay used, every fallback
+    df.attrs["engine"] = units.merged_how(hows)  # every replay used, every fallback
     return df
 
 

@@ -22,12 +22,13 @@ from blockscope.sweeps import clean, replay, scoring, selfcheck, unembed
 from blockscope.sweeps.how import Engine, Fallback, How, fell_back, not_tried
 from blockscope.sweeps.naive import model_windows, window_nll
 from blockscope.sweeps.steps import fused_gelu
+from blockscope.sweeps.units import Scores, doc_units, gather_units, merged_how
 
 
 def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tensor | None = None,
                   prepared: scoring.Prepared | None = None, kl: bool = False,
-                  ) -> tuple[torch.Tensor, torch.Tensor, scoring.Scores]:
-    """`head_importance`, and the NLL of the same forward passes as `scoring.Scores` (one
+                  ) -> tuple[torch.Tensor, torch.Tensor, Scores]:
+    """`head_importance`, and the NLL of the same forward passes as `units.Scores` (one
     column: the model with heads scaled by `keep`, the hooked forward the gradient needs;
     its KL from the clean distribution with `kl`, else NaN).
 
@@ -66,7 +67,7 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
                         ref = c if c is not None else clean.clean_pass(model, ids, w)
                         div = _kl(model, lay, ref, x, nll.detach())
                     nlls.append(torch.stack([nll.detach().double().cpu(), div]))
-                units += scoring.doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
+                units += doc_units(index, torch.cat(nlls, 1)[None], docs.unit)
                 grads.append((index, {"grad": summed, "n": torch.tensor(float(n_scored))}))
     finally:
         for p in params:
@@ -74,8 +75,8 @@ def gradient_pass(model, tokens, *, stride: int | None = None, keep: torch.Tenso
     joined = total(docs.comm, grads)
     importance = (joined["grad"] / joined["n"]).float()
     normalised = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
-    how = scoring.merged_how(hows)
-    scored = scoring.gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
+    how = merged_how(hows)
+    scored = gather_units(docs, units, [how] if units else [], [{"variant": "ablated"}])
     return importance, normalised, scored
 
 
