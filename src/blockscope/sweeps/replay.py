@@ -203,8 +203,8 @@ def attn_write(p, x: torch.Tensor, ctx=None, keep=None) -> torch.Tensor:
     norm, project, attend, heads out. Each head's z is scaled by `keep` (n_heads,) if given,
     and the heads it sets to 0 are left out (`kept_heads`). `p` gives the family's norm,
     projection (`kept_qkv`, rotary included), attention (`attend`: the recorded mask) and
-    output `o`: a family's `Parts`, or the position-limited resume's (`resume.OverKept`);
-    `ctx` is the block's recorded call."""
+    output `o`: a family's `Parts`, or the position-limited resume's
+    (`kept_attention.OverKept`); `ctx` is the block's recorded call."""
     idx, rows = kept_heads(keep, p.head_width)
     q, k, v = p.kept_qkv(p.attn_norm(x), ctx, idx, rows)  # (B, k, T, d_head) each
     z = p.attend(q, k, v, ctx)  # (B, k, T, d_head)
