@@ -435,12 +435,12 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
     left". The time left now comes from the steps after it, and none is given before."""
     import time as clock
 
-    from blockscope.results import render
+    from blockscope.results import progress
 
     now = iter([0.0, 100.0, 101.0, 102.0])  # start, the clean pass, then two variants
     monkeypatch.setattr(clock, "perf_counter", lambda: next(now))
     buf = io.StringIO()
-    with render.progress_bar(Console(file=buf, width=100), 10, "sweep") as step:
+    with progress.progress_bar(Console(file=buf, width=100), 10, "sweep") as step:
         for _ in range(3):
             step()
     lines = buf.getvalue().splitlines()
@@ -449,7 +449,7 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
     # a batch of variants finishing at one instant gave "about 0 s left": no guess from it
     now = iter([0.0, 50.0] + [50.001] * 5 + [60.0] * 5)
     buf = io.StringIO()
-    with render.progress_bar(Console(file=buf, width=100), 10, "sweep") as step:
+    with progress.progress_bar(Console(file=buf, width=100), 10, "sweep") as step:
         for _ in range(10):
             step()
     lines = buf.getvalue().splitlines()
@@ -465,7 +465,7 @@ def test_no_estimate_until_a_step_after_the_first(monkeypatch):
         def get_time(self):
             return self.at
 
-    column = render._Remaining()
+    column = progress._Remaining()
     assert column.render(Task(1, 100.0)).plain == "-:--:--"
     Task.fields = {"first_step_at": 100.0}
     assert column.render(Task(3, 104.0)).plain == "0:00:14"  # 2 s a step, 7 steps left

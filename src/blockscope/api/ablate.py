@@ -73,7 +73,7 @@ def ablate(o: Ablate):
     Example: blockscope ablate --text data/alice.txt --max-tokens 469
     """
     from blockscope.experiments import ablate as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     c = passage_command(o, "ablate")
     run = c.run
@@ -111,7 +111,7 @@ def decomposed(o: Ablate, c):
     headline, a stacked bar per component."""
     from blockscope.experiments import ablate as experiment
     from blockscope.experiments.decompose import MEANING, headline
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
     from blockscope.sweeps.naive import model_windows
 
     run, started = c.run, c.started

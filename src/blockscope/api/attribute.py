@@ -78,7 +78,7 @@ def attribute(o: AttributeOptions):
     """
     from blockscope.api.common import err
     from blockscope.experiments import attribute as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     started = time.perf_counter()
     if o.pair.pairs is not None:
@@ -109,7 +109,7 @@ def many(o: AttributeOptions, started: float):
     """attribute --pairs: every pair estimated, the averaged cells checked in every pair."""
     from blockscope.api.common import err
     from blockscope.experiments import attribute as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     many = o.pair.open_many(o.load, o.prepend_bos, o.bos_token, o.out.quiet,
                             sites=[] if o.granularity == "edge" else sites_of(o.site),

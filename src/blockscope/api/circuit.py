@@ -61,7 +61,7 @@ def circuit(o: CircuitOptions):
     pair = o.pair
     if pair.pairs is not None:
         from blockscope.api.common import err
-        from blockscope.results.render import progress_bar
+        from blockscope.results.progress import progress_bar
 
         run = pair.open_many(o.load, o.prepend_bos, o.bos_token, o.out.quiet)
         mine = sum(run.comm.owns(k) for k in range(len(run.items)))

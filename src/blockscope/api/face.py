@@ -168,7 +168,7 @@ def _silent():
 
 
 def _reporter(progress):
-    """Where long runs' progress goes (`render.progress_bar`'s `reporter`): to
+    """Where long runs' progress goes (`progress.progress_bar`'s `reporter`): to
     `progress(done, total, description)`, else to tqdm where a notebook runs this, else
     nowhere (None)."""
     if progress is None and "ipykernel" not in sys.modules:

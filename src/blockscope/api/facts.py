@@ -52,7 +52,7 @@ def many_facts(o, name: str, run, keys: list[str], value: str, started: float,
     from blockscope.errors import BadValue
     from blockscope.experiments import facts as fx
     from blockscope.inputs import parallel
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     facts = fx.read_facts(o.facts)
     spec = model_spec(o.load.model, o.load.held, device=parallel.local_device(o.load.device),

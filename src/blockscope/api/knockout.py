@@ -78,7 +78,7 @@ def knockout(o: KnockoutOptions):
     """
     from blockscope.api.common import err
     from blockscope.experiments import knockout as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     started = time.perf_counter()
     if o.facts is not None:

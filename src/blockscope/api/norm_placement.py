@@ -86,7 +86,7 @@ def norm_placement(o: NormPlacement):
     """
     from blockscope.experiments import norm_placement as experiment
     from blockscope.inputs.text import read_passage
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     started = time.perf_counter()
     tc, passage = o.train(), read_passage(o.text)

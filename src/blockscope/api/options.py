@@ -209,7 +209,7 @@ class Written(Options):
     # not an option: the command line's store of finished units (`inputs.partial`), set
     # before the command runs; None (the Python face) keeps nothing
     partial = None
-    # not an option: where progress goes instead of a bar (`render.progress_bar`'s
+    # not an option: where progress goes instead of a bar (`progress.progress_bar`'s
     # `reporter`), set by the Python face; None: the bar on stderr
     reporter = None
 

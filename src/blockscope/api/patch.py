@@ -42,7 +42,7 @@ def patch(o: PatchOptions):
     """
     from blockscope.api.common import err
     from blockscope.experiments import patch as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     started = time.perf_counter()
     pair = o.pair

@@ -59,7 +59,7 @@ def prune_blocks(o: PruneBlocks):
     Example: blockscope prune-blocks --text data/alice.txt --order greedy --order influence
     """
     from blockscope.experiments import prune_blocks as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     c = passage_command(o, "prune-blocks")
     run = c.run

@@ -129,7 +129,7 @@ def sweeps(o: PruneHeads, run, settings, show: bool):
     a pruning curve per order, one head per layer."""
     from blockscope.experiments import heads as experiment
     from blockscope.experiments import prune_heads as pruning
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     lm, tokens, cfg = run.model, run.docs, run.model.cfg
     kw = dict(method=o.method.value)

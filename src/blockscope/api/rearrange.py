@@ -71,7 +71,7 @@ def rearrange(o: RearrangeOptions):
     Example: blockscope rearrange --text data/alice.txt --sweep adjacent-swaps --reverse 4:7
     """
     from blockscope.experiments import rearrange as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     c = passage_command(o, "rearrange")
     run = c.run

@@ -66,7 +66,7 @@ def reproduce(o: Reproduce):
     from blockscope.experiments.reproduce.run import n_stages
     from blockscope.experiments.reproduce.run import reproduce as measure
     from blockscope.results.files import sidecar
-    from blockscope.results.render import Stages
+    from blockscope.results.progress import Stages
 
     started = time.perf_counter()
     reference = o.reference or rp.packaged_reference()

@@ -119,7 +119,7 @@ def trace(o: Trace):
     """
     from blockscope.api.common import err
     from blockscope.experiments import trace as experiment
-    from blockscope.results.render import progress_bar
+    from blockscope.results.progress import progress_bar
 
     started = time.perf_counter()
     if o.facts is not None:
