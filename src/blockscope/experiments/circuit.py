@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from blockscope.errors import BadValue
-from blockscope.experiments.attribute import agreement, picked
+from blockscope.experiments.agreement import agreement, picked
 from blockscope.sweeps import edges
 from blockscope.sweeps.metrics import LogitDiff, TargetLogProb
 from blockscope.sweeps.settings import RunSettings
