@@ -19,7 +19,7 @@ class Method(StrEnum):
     resample = "resample"
 
 
-class Engine(StrEnum):
+class EngineName(StrEnum):
     """How variants run: from where each departs from the base run, or one hooked forward
     each (the reference)."""
     cached = "cached"

@@ -75,13 +75,13 @@ def sweep(model, variants: Sequence[Variant], metric, *, base: Run,
         naive), any fallback and why, the batch size and the block-positions computed.
     """
     from blockscope.api.face import held_spec
-    from blockscope.choices import Engine, one_of
+    from blockscope.choices import EngineName, one_of
     from blockscope.sweeps import interchange
     from blockscope.sweeps.settings import RunSettings
     from blockscope.versions import versions
 
     model, spec = held_spec(model, tokenizer)
-    engine = one_of(Engine, engine, "engine").value
+    engine = one_of(EngineName, engine, "engine").value
     variants = [_variant(v) for v in variants]
     if not variants:
         raise BadValue("`variants` is empty: give at least one")

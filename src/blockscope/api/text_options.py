@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from blockscope.api.options import BosTokenOpt, Options, at_least, flag, group
-from blockscope.choices import Engine, Method
+from blockscope.choices import EngineName, Method
 from blockscope.errors import BadValue, BlockscopeError
 
 PromptArg = Annotated[str | None, typer.Argument(help="The prompt (or give --text FILE).",
@@ -143,9 +143,9 @@ class WindowOptions(Options):
 class Sweep(Options):
     """Which engine scores the variants, and how many at once."""
 
-    engine: Annotated[Engine, typer.Option(
+    engine: Annotated[EngineName, typer.Option(
         help="cached: one clean pass, each variant from the block it changes; naive: one "
-        "hooked forward per variant (the reference). Same numbers.")] = Engine.cached
+        "hooked forward per variant (the reference). Same numbers.")] = EngineName.cached
     batch_size: Annotated[int | None, typer.Option(
         min=1, help="Variants per batch (default: by memory; on the CPU at most 6, or 1 where "
         "blocks run through the bridge).")] = None

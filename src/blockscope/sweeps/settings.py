@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from blockscope.choices import Engine, one_of
+from blockscope.choices import EngineName, one_of
 from blockscope.errors import BadValue
 from blockscope.inputs.partial import Partial
 from blockscope.sweeps.stats import Bootstrap
@@ -23,7 +23,7 @@ class RunSettings:
 
     stride: int | None = None  # sliding-window stride for text longer than the context
     #   (None: half the context)
-    engine: Engine = Engine.cached  # cached: each variant from where it departs from the
+    engine: EngineName = EngineName.cached  # cached: each variant from where it departs from the
     #   base run, batched; naive: one hooked forward per variant (the reference)
     batch_size: int | None = None  # variants per batch of the cached engine (None: by memory)
     ci: Bootstrap | None = None  # bootstrap intervals over documents or chunks (None: none)
@@ -33,7 +33,7 @@ class RunSettings:
     #   finished units are kept and read back (`inputs.partial`; None: nothing kept)
 
     def __post_init__(self):
-        object.__setattr__(self, "engine", one_of(Engine, self.engine, "engine"))
+        object.__setattr__(self, "engine", one_of(EngineName, self.engine, "engine"))
         for name in ("stride", "batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
