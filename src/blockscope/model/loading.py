@@ -82,6 +82,7 @@ def open_model(spec: ModelSpec, *, allow_pickle: bool = False, check=None, befor
             check(sizes_of(model))
         return model
     early = peek_sizes(spec) if check is not None or before is not None else None
+    tokenizer = None  # read once: the checks' tokenizer is the model's
     if before is not None:
         tokenizer = peek_tokenizer(spec)
         if tokenizer is not None:
@@ -96,7 +97,7 @@ def open_model(spec: ModelSpec, *, allow_pickle: bool = False, check=None, befor
         report.slow_dtype(spec)
     check_checkpoint(spec, allow_pickle)  # a bad folder is one line, before the load
     with report.loading(spec):
-        model = load_model(spec, allow_pickle=allow_pickle)
+        model = load_model(spec, allow_pickle=allow_pickle, tokenizer=tokenizer)
     if check is not None:
         check(sizes_of(model))
     return model
@@ -149,8 +150,10 @@ def _hub_reachable() -> bool:
     return True
 
 
-def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
-    """(HF model, tokenizer): from the directory or the local cache first, else the hub."""
+def _from_pretrained(spec: ModelSpec, allow_pickle: bool, tokenizer=None):
+    """(HF model, tokenizer): from the directory or the local cache first, else the hub.
+    `tokenizer`: the one `peek.peek_tokenizer` read from the same files with the same
+    arguments, used again with its own BOS back (a second read took 0.14-0.24 s a load)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = dict(
@@ -164,6 +167,7 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
     try:
         return (
             AutoModelForCausalLM.from_pretrained(spec.source, local_files_only=True, **kwargs),
+            _own_bos(tokenizer) if tokenizer is not None else
             AutoTokenizer.from_pretrained(spec.source, local_files_only=True, add_bos_token=True),
         )
     except OSError as exc:
@@ -181,6 +185,16 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool):
         )
     except OSError as exc:
         raise BlockscopeError(f"cannot load model {spec.name!r} from the hub: {_first(exc)}")
+
+
+def _own_bos(tokenizer):
+    """The tokenizer with its own BOS back, as the bridge's boot reads it from the files
+    (`text.choose_bos` set the chosen one, and keeps the own one aside; the load chooses
+    again after the boot)."""
+    own = getattr(tokenizer, "blockscope_own_bos", None)
+    if own is not None and tokenizer.bos_token != own:
+        tokenizer.bos_token = own
+    return tokenizer
 
 
 def spec_for(name: str | None, **options) -> ModelSpec:
@@ -203,10 +217,11 @@ def can_load(name: str) -> bool:
     return _hub_reachable()
 
 
-def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
+def load_model(spec: ModelSpec, *, allow_pickle: bool = False, tokenizer=None):
     """Load `spec` as a TransformerBridge (eval mode; safetensors only unless allowed), its
     BOS chosen as `text.choose_bos` says (recorded as `model.bos_choice`). A model
-    blockscope fetches itself (`spec.fetched`) is fetched first if it is not there."""
+    blockscope fetches itself (`spec.fetched`) is fetched first if it is not there.
+    `tokenizer`: its tokenizer as `peek.peek_tokenizer` read it, if it did."""
     from safetensors import SafetensorError
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
@@ -224,7 +239,7 @@ def load_model(spec: ModelSpec, *, allow_pickle: bool = False):
     if spec.is_local:
         _check_local_checkpoint(Path(spec.source), allow_pickle)
     try:
-        hf_model, tokenizer = _from_pretrained(spec, allow_pickle)
+        hf_model, tokenizer = _from_pretrained(spec, allow_pickle, tokenizer)
         hf_model.to(spec.device).eval()
         model = TransformerBridge.boot_transformers(
             spec.source,
