@@ -32,29 +32,48 @@ ALICE = REPO / "data" / "alice.txt"
 TINY = dict(n_layer=3, n_embd=64, n_head=4, n_positions=128, initializer_range=0.2)
 
 
+def _files(spec) -> tuple | None:
+    """A local checkpoint folder's files and their times (None: not a local folder)."""
+    if not spec.is_local or not Path(spec.source).is_dir():
+        return None
+    return tuple(sorted((p.name, p.stat().st_mtime_ns)
+                        for p in Path(spec.source).iterdir() if p.is_file()))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _models_load_once():
     """Commands run in-process by the tests load each local checkpoint once a session (the
     real loader, the first time): loading is most of a tiny model's command. Keyed by the
     whole spec and the checkpoint files' times, so a changed or rewritten folder loads anew;
-    failed loads are never kept."""
-    from blockscope.model import loading
+    failed loads are never kept. The tokenizer read for the checks before the load
+    (`peek.peek_tokenizer`, 0.15-0.25 s a read, about 110 reads a suite) is kept the same
+    way; a tokenizer not read is never kept."""
+    from blockscope.model import loading, peek
 
     real, kept = loading.load_model, {}
+    real_peek, peeked = peek.peek_tokenizer, {}
 
-    def load_model(spec, *, allow_pickle=False):
-        if not spec.is_local or not Path(spec.source).is_dir():
-            return real(spec, allow_pickle=allow_pickle)
-        files = tuple(sorted((p.name, p.stat().st_mtime_ns)
-                             for p in Path(spec.source).iterdir() if p.is_file()))
+    def load_model(spec, *, allow_pickle=False, tokenizer=None):
+        files = _files(spec)
+        if files is None:
+            return real(spec, allow_pickle=allow_pickle, tokenizer=tokenizer)
         key = (spec, allow_pickle, files)
         if key not in kept:
-            kept[key] = real(spec, allow_pickle=allow_pickle)
+            kept[key] = real(spec, allow_pickle=allow_pickle, tokenizer=tokenizer)
         return kept[key]
 
-    loading.load_model = load_model
+    def peek_tokenizer(spec):
+        files = _files(spec)
+        if files is None:
+            return real_peek(spec)
+        key = (spec, files)
+        if peeked.get(key) is None:
+            peeked[key] = real_peek(spec)
+        return peeked[key]
+
+    loading.load_model, peek.peek_tokenizer = load_model, peek_tokenizer
     yield
-    loading.load_model = real
+    loading.load_model, peek.peek_tokenizer = real, real_peek
 
 
 @pytest.fixture(autouse=True)
