@@ -153,8 +153,11 @@ def _hub_reachable() -> bool:
 def _from_pretrained(spec: ModelSpec, allow_pickle: bool, tokenizer=None):
     """(HF model, tokenizer): from the directory or the local cache first, else the hub.
     `tokenizer`: the one `peek.peek_tokenizer` read from the same files with the same
-    arguments, used again with its own BOS back (a second read took 0.14-0.24 s a load)."""
+    arguments, used again with its own BOS back (`peek.as_read`; a second read took
+    0.14-0.24 s a load)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from blockscope.model.peek import as_read
 
     kwargs = dict(
         dtype=resolve_dtype(spec.dtype),
@@ -167,7 +170,7 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool, tokenizer=None):
     try:
         return (
             AutoModelForCausalLM.from_pretrained(spec.source, local_files_only=True, **kwargs),
-            _own_bos(tokenizer) if tokenizer is not None else
+            as_read(tokenizer) if tokenizer is not None else
             AutoTokenizer.from_pretrained(spec.source, local_files_only=True, add_bos_token=True),
         )
     except OSError as exc:
@@ -185,16 +188,6 @@ def _from_pretrained(spec: ModelSpec, allow_pickle: bool, tokenizer=None):
         )
     except OSError as exc:
         raise BlockscopeError(f"cannot load model {spec.name!r} from the hub: {_first(exc)}")
-
-
-def _own_bos(tokenizer):
-    """The tokenizer with its own BOS back, as the bridge's boot reads it from the files
-    (`text.choose_bos` set the chosen one, and keeps the own one aside; the load chooses
-    again after the boot)."""
-    own = getattr(tokenizer, "blockscope_own_bos", None)
-    if own is not None and tokenizer.bos_token != own:
-        tokenizer.bos_token = own
-    return tokenizer
 
 
 def spec_for(name: str | None, **options) -> ModelSpec:

@@ -55,6 +55,16 @@ def peek_tokenizer(spec: ModelSpec):
     return tokenizer
 
 
+def as_read(tokenizer):
+    """A tokenizer `peek_tokenizer` read, its own BOS put back (`text.choose_bos` set the
+    chosen one and keeps the own one aside): as a fresh read of the files has it, for the
+    bridge's boot, after which the load chooses again."""
+    own = getattr(tokenizer, "blockscope_own_bos", None)
+    if own is not None and tokenizer.bos_token != own:
+        tokenizer.bos_token = own
+    return tokenizer
+
+
 def local_tokenizer(name: str):
     """The tokenizer of a checkpoint directory or cached hub id, without the hub (what
     norm-placement tokenizes with under `--tokenizer model`)."""
