@@ -390,7 +390,7 @@ def test_extreme_numbers_path_datasets_growth_and_a_short_context(run, tiny_dir,
 def test_tables_never_cut_a_number(width):
     """params -m gpt3-175b | cat showed `1,207,959,55` and a `2` on the next line."""
     from blockscope.experiments.params import parameter_counts
-    from blockscope.model.loading import load_config
+    from blockscope.model.configs import load_config
     from blockscope.results.render import fmt, table
 
     df = parameter_counts(load_config("gpt3-175b"))

@@ -4,7 +4,7 @@ import pytest
 
 from blockscope.errors import BlockscopeError
 from blockscope.experiments.params import parameter_counts
-from blockscope.model.loading import load_config
+from blockscope.model.configs import load_config
 
 
 def counts(name, **kw):

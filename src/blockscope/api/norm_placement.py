@@ -153,7 +153,7 @@ def _sizes_and_tokens(model: str, tokenizer: Tokenizer):
     """The --model's config, an encoder text -> (N,) ids, and its vocabulary size."""
     import torch
 
-    from blockscope.model.loading import load_config
+    from blockscope.model.configs import load_config
     from blockscope.model.peek import local_tokenizer
 
     with status(f"reading the config of {model}", False):

@@ -43,7 +43,7 @@ def params(o: Params):
     import pandas as pd
 
     from blockscope.experiments.params import parameter_counts
-    from blockscope.model.loading import load_config
+    from blockscope.model.configs import load_config
     from blockscope.results.files import sidecar
     from blockscope.results.render import table
 

@@ -33,7 +33,7 @@ def offline_measures(settings: dict, figures: list[Figure], shape_model=None,
     parameter tables land in `frames["params"]` when `frames` is given."""
     from blockscope.experiments.layernorm import layer_norm_steps
     from blockscope.experiments.params import parameter_counts
-    from blockscope.model.loading import load_config
+    from blockscope.model.configs import load_config
 
     out: dict[str, float] = {}
     # keys are "params.<model>.<component>"; model names may hold dots, components do not
@@ -237,7 +237,7 @@ def gpt2_shape_model():
         tokenizer = gpt2_tokenizer()
     except ImportError:
         return None
-    from blockscope.model.loading import random_model
+    from blockscope.model.configs import random_model
 
     torch.manual_seed(0)
     return random_model("gpt2", tokenizer)

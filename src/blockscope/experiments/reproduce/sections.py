@@ -21,7 +21,7 @@ def norm_measures(settings: dict, stage=None) -> tuple[pd.DataFrame, dict]:
     from blockscope.experiments import norm_placement as npl
     from blockscope.experiments.norm_stack import StackConfig
     from blockscope.inputs.text import read_passage
-    from blockscope.model.loading import load_config
+    from blockscope.model.configs import load_config
 
     s = settings["norm_placement"]
     tc = npl.TrainConfig(steps=s.get("train_steps", 300), warmup_steps=s.get("warmup_steps", 100),
