@@ -136,8 +136,10 @@ def _read(r: Reader, run: dict, targets) -> dict:
     metric = Readings(r, targets)
     with torch.inference_mode():
         stream = torch.stack(run["stream"])  # (n + 1, T, d_model)
-        got = metric.of_logits(stream[-1], run["logits"]) if run.get("logits") is not None \
-            else metric.of_final(stream[-1])
+        if run.get("logits") is not None:  # the model's own, at the scored positions
+            got = metric.of_logits(stream[-1], run["logits"])
+        else:
+            got = metric.of_final(stream[-1])
         return {"stream": r(stream), **got}
 
 
