@@ -25,7 +25,8 @@ def patch_plot(df: pd.DataFrame, metric: str, title: str) -> Figure:
     """One heatmap per patched site of the normalised metric: positions x layers, or heads x
     layers for z; 1 (dark) is the clean run, 0 the corrupted one."""
     sites = list(dict.fromkeys(df["site"]))
-    fig, axes = _subplots(1, len(sites), figsize=(4.2 * len(sites) + 1, 4.6), squeeze=False,
+    width = 4.2 * len(sites) + 1
+    fig, axes = _subplots(1, len(sites), figsize=(width, 4.6), squeeze=False,
                           constrained=True)
     for ax, site in zip(axes[0], sites, strict=True):
         part = df[df["site"] == site]
@@ -41,7 +42,8 @@ def patch_plot(df: pd.DataFrame, metric: str, title: str) -> Figure:
         ax.set_ylabel(col)
         ax.set_title(site)
         fig.colorbar(im, ax=ax, shrink=0.8, label="restored (0 corrupted, 1 clean)")
-    fig.suptitle(f"{title}\nmetric: {metric}")
+    # the title's default 12 points: about 9 characters an inch
+    fig.suptitle(f"{textwrap.fill(title, int(9 * width))}\nmetric: {metric}")
     return fig
 
 
