@@ -23,7 +23,8 @@ def _token_labels(tokens: list[str], span: tuple[int, int] | None = None) -> lis
 
 def patch_plot(df: pd.DataFrame, metric: str, title: str) -> Figure:
     """One heatmap per patched site of the normalised metric: positions x layers, or heads x
-    layers for z; 1 (dark) is the clean run, 0 the corrupted one."""
+    layers for z; 1 (red) is the clean run, 0 (white) the corrupted one, as on the page
+    (`charts.DIVERGING`) and the other diverging heatmaps."""
     sites = list(dict.fromkeys(df["site"]))
     width = 4.2 * len(sites) + 1
     fig, axes = _subplots(1, len(sites), figsize=(width, 4.6), squeeze=False,
@@ -33,7 +34,7 @@ def patch_plot(df: pd.DataFrame, metric: str, title: str) -> Figure:
         col = "head" if site in HEADS else "position"
         grid = part.pivot(index=col, columns="layer", values="normalized")
         span = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
-        im = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+        im = ax.imshow(grid.to_numpy(), cmap="RdBu_r", vmin=-span, vmax=span, aspect="auto")
         _grid_ticks(ax, *grid.shape)
         if site not in HEADS:
             words = part.drop_duplicates("position").sort_values("position")["token"].tolist()
